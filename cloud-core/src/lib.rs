@@ -1,0 +1,1 @@
+//! cloud-core: the cloud side of project persistence, linked by the cloud backend.

@@ -1,0 +1,117 @@
+//! Hermetic git for tests: every command runs with the global and system config cut off and a
+//! fixed identity, so a developer's own `~/.gitconfig` never changes a result.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Environment that isolates git (and libgit2 in child processes) from the machine it runs on.
+/// `home` becomes `HOME` and `XDG_CONFIG_HOME`, which libgit2 reads instead of
+/// `GIT_CONFIG_GLOBAL`.
+pub fn hermetic_env(home: &Path) -> Vec<(&'static str, PathBuf)> {
+    vec![
+        ("GIT_CONFIG_GLOBAL", PathBuf::from("/dev/null")),
+        ("GIT_CONFIG_NOSYSTEM", PathBuf::from("1")),
+        ("HOME", home.to_owned()),
+        ("XDG_CONFIG_HOME", home.join(".config")),
+        ("GIT_AUTHOR_NAME", PathBuf::from("Test Author")),
+        ("GIT_AUTHOR_EMAIL", PathBuf::from("author@example.test")),
+        ("GIT_COMMITTER_NAME", PathBuf::from("Test Author")),
+        ("GIT_COMMITTER_EMAIL", PathBuf::from("author@example.test")),
+        ("GIT_TERMINAL_PROMPT", PathBuf::from("0")),
+    ]
+}
+
+/// A `git` command in `dir` with the hermetic environment (HOME is `dir`'s parent-free temp).
+pub fn command(dir: &Path) -> Command {
+    let mut cmd = Command::new("git");
+    cmd.current_dir(dir);
+    for (k, v) in hermetic_env(dir) {
+        cmd.env(k, v);
+    }
+    cmd.env_remove("GIT_DIR").env_remove("GIT_WORK_TREE");
+    cmd
+}
+
+/// Runs git and returns its stdout; panics with git's stderr when it fails.
+pub fn git<I, S>(dir: &Path, args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = git_output(dir, args);
+    assert!(
+        out.status.success(),
+        "git failed in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs git and returns its whole output, success or not.
+pub fn git_output<I, S>(dir: &Path, args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    command(dir)
+        .args(args)
+        .output()
+        .expect("git is installed and runnable")
+}
+
+/// `git init` with `main` as the first branch and a fixed identity in the repo config.
+pub fn init_repo(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("create repo dir");
+    git(dir, ["init", "-q", "-b", "main"]);
+    git(dir, ["config", "user.name", "Test Author"]);
+    git(dir, ["config", "user.email", "author@example.test"]);
+}
+
+/// `git init --bare` with `main` as HEAD.
+pub fn init_bare(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("create bare dir");
+    git(dir, ["init", "-q", "--bare", "-b", "main"]);
+}
+
+/// The tree id of `rev` (e.g. `HEAD`, `main`), or `None` when it does not resolve.
+pub fn tree_of(dir: &Path, rev: &str) -> Option<String> {
+    let out = git_output(
+        dir,
+        ["rev-parse", "--verify", "-q", &format!("{rev}^{{tree}}")],
+    );
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The tree `git add -A` would commit for `work_tree`, computed in a scratch index so the
+/// repository's own index is untouched.
+pub fn tree_of_add_all(work_tree: &Path) -> String {
+    let scratch = tempfile::NamedTempFile::new().expect("scratch index");
+    let index = scratch.path().to_owned();
+    drop(scratch);
+    let run = |args: &[&str]| {
+        let out = command(work_tree)
+            .env("GIT_INDEX_FILE", &index)
+            .args(args)
+            .output()
+            .expect("git runs");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    run(&["add", "-A"]);
+    let tree = run(&["write-tree"]);
+    let _ = std::fs::remove_file(&index);
+    tree
+}
+
+/// Paths and modes in a tree, one `mode path` per line, sorted: readable in a failed assert.
+pub fn ls_tree(dir: &Path, rev: &str) -> String {
+    git(dir, ["ls-tree", "-r", "--full-tree", rev])
+}

@@ -1,0 +1,213 @@
+//! The watcher's two advisory locks: one watcher per repository, one git mutation at a time.
+//!
+//! Both live in `.git/project-watcher/` and use `flock`, so a killed holder releases them
+//! with its file descriptors: a lock file left on disk never blocks anyone.
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The folder under `.git/` that holds the watcher's own files.
+pub fn state_dir(git_dir: &Path) -> PathBuf {
+    git_dir.join("project-watcher")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error(
+        "another project-watcher (pid {holder}) is already watching this repository; lock file {path}"
+    )]
+    Held { path: PathBuf, holder: String },
+    #[error("cannot open lock file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// Held for the life of a `watch`: a second watcher on the same repository exits with code 3.
+#[derive(Debug)]
+pub struct InstanceLock {
+    _file: File,
+}
+
+impl InstanceLock {
+    /// Takes the lock without waiting and records our pid in it for the error message of the
+    /// next contender. A corrupt or stale pid in the file is simply overwritten.
+    pub fn try_acquire(git_dir: &Path) -> Result<Self, LockError> {
+        let path = state_dir(git_dir).join("instance.lock");
+        let mut file = open_lock_file(&path)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let holder = if holder.is_empty() || holder.len() > 20 {
+                    "unknown".to_owned()
+                } else {
+                    holder.to_owned()
+                };
+                return Err(LockError::Held { path, holder });
+            }
+            Err(TryLockError::Error(source)) => return Err(LockError::Io { path, source }),
+        }
+        let write_pid = |file: &mut File| -> io::Result<()> {
+            file.set_len(0)?;
+            file.seek(SeekFrom::Start(0))?;
+            writeln!(file, "{}", std::process::id())
+        };
+        write_pid(&mut file).map_err(|source| LockError::Io { path, source })?;
+        Ok(Self { _file: file })
+    }
+}
+
+/// Held around every git mutation (stage + commit, restore, sync). Released on drop.
+#[derive(Debug)]
+pub struct RepoLock {
+    _file: File,
+}
+
+impl RepoLock {
+    /// Blocks until the lock is free. Call it from a blocking context (`spawn_blocking`).
+    pub fn acquire(git_dir: &Path) -> Result<Self, LockError> {
+        let path = state_dir(git_dir).join("repo.lock");
+        let file = open_lock_file(&path)?;
+        file.lock()
+            .map_err(|source| LockError::Io { path, source })?;
+        Ok(Self { _file: file })
+    }
+
+    /// Takes the lock if it is free, else `None`.
+    pub fn try_acquire(git_dir: &Path) -> Result<Option<Self>, LockError> {
+        let path = state_dir(git_dir).join("repo.lock");
+        let file = open_lock_file(&path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Self { _file: file })),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(source)) => Err(LockError::Io { path, source }),
+        }
+    }
+}
+
+fn open_lock_file(path: &Path) -> Result<File, LockError> {
+    let io_err = |source| LockError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(io_err)?;
+    }
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io_err)
+}
+
+/// How old an `index.lock` must be before it counts as left behind by a dead process.
+pub const STALE_INDEX_LOCK_AGE: Duration = Duration::from_secs(60);
+
+/// Removes `.git/index.lock` when no process has it open and it is older than `max_age`.
+/// Returns whether it removed one. Call it with the repo lock held.
+pub fn remove_stale_index_lock(git_dir: &Path, max_age: Duration) -> io::Result<bool> {
+    let path = git_dir.join("index.lock");
+    let meta = match fs::symlink_metadata(&path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let age = meta
+        .modified()
+        .ok()
+        .and_then(|m| SystemTime::now().duration_since(m).ok())
+        .unwrap_or_default();
+    if age < max_age || is_open_by_any_process(&path) {
+        return Ok(false);
+    }
+    match fs::remove_file(&path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Looks through `/proc/*/fd` for a descriptor pointing at `path`. Processes we cannot
+/// inspect are skipped: age is then the only evidence, as in git itself.
+fn is_open_by_any_process(path: &Path) -> bool {
+    let Ok(target) = fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return false;
+    };
+    procs
+        .flatten()
+        .filter(|p| {
+            p.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|p| fs::read_dir(p.path().join("fd")).ok())
+        .flat_map(|fds| fds.flatten())
+        .any(|fd| fs::read_link(fd.path()).is_ok_and(|l| l == target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_instance_lock_is_refused_with_holder_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = InstanceLock::try_acquire(dir.path()).unwrap();
+        let err = InstanceLock::try_acquire(dir.path()).unwrap_err();
+        match err {
+            LockError::Held { holder, .. } => assert_eq!(holder, std::process::id().to_string()),
+            other => panic!("expected Held, got {other}"),
+        }
+    }
+
+    #[test]
+    fn instance_lock_is_free_again_after_drop_even_with_garbage_in_file() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(state_dir(dir.path())).unwrap();
+        fs::write(
+            state_dir(dir.path()).join("instance.lock"),
+            b"\xff\x00garbage",
+        )
+        .unwrap();
+        drop(InstanceLock::try_acquire(dir.path()).unwrap());
+        InstanceLock::try_acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn repo_lock_excludes_a_second_holder_until_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = RepoLock::acquire(dir.path()).unwrap();
+        assert!(RepoLock::try_acquire(dir.path()).unwrap().is_none());
+        drop(held);
+        assert!(RepoLock::try_acquire(dir.path()).unwrap().is_some());
+    }
+
+    #[test]
+    fn stale_index_lock_is_removed_only_when_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("index.lock");
+        fs::write(&lock, b"").unwrap();
+        assert!(!remove_stale_index_lock(dir.path(), Duration::from_secs(60)).unwrap());
+        assert!(lock.exists());
+        assert!(remove_stale_index_lock(dir.path(), Duration::ZERO).unwrap());
+        assert!(!lock.exists());
+    }
+
+    #[test]
+    fn index_lock_held_open_by_a_process_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("index.lock");
+        let _open = File::create(&lock).unwrap();
+        assert!(!remove_stale_index_lock(dir.path(), Duration::ZERO).unwrap());
+        assert!(lock.exists());
+    }
+}

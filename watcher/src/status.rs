@@ -1,0 +1,201 @@
+//! The status file `.git/project-watcher/status.json`: what the watcher is doing, written
+//! atomically so a reader never sees half a file.
+
+use std::fmt;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lock::state_dir;
+
+/// The version every status file and commit trailer carries.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    #[default]
+    Idle,
+    Pending,
+    Committing,
+    Pushing,
+    Backoff,
+    Diverged,
+    Error,
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        f.write_str(&s)
+    }
+}
+
+/// A file left out of the commits, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedFile {
+    pub path: String,
+    pub size: u64,
+    pub reason: String,
+}
+
+/// The whole status file. Timestamps are RFC 3339 UTC strings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub state: State,
+    pub head: Option<String>,
+    pub last_commit_at: Option<String>,
+    pub last_push_at: Option<String>,
+    pub last_push_error: Option<String>,
+    pub unpushed_commits: u64,
+    pub skipped_files: Vec<SkippedFile>,
+    /// The branch the watcher pushed its commits to after a non-fast-forward rejection.
+    #[serde(default)]
+    pub recovery_ref: Option<String>,
+    /// The latest problem that is not about pushing (watch limit, disk full, ...).
+    #[serde(default)]
+    pub last_error: Option<String>,
+    pub pid: u32,
+    pub version: String,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Self {
+            state: State::Idle,
+            head: None,
+            last_commit_at: None,
+            last_push_at: None,
+            last_push_error: None,
+            unpushed_commits: 0,
+            skipped_files: Vec::new(),
+            recovery_ref: None,
+            last_error: None,
+            pid: std::process::id(),
+            version: VERSION.to_owned(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("no status file at {0}: is a project-watcher running on this repository?")]
+    Missing(PathBuf),
+    #[error("cannot read status file {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "status file {path} is corrupt ({source}); the running watcher rewrites it on its next change"
+    )]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+pub fn status_path(git_dir: &Path) -> PathBuf {
+    state_dir(git_dir).join("status.json")
+}
+
+/// Formats a time as RFC 3339 UTC with seconds, the form every timestamp here uses.
+pub fn timestamp(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Writes the status file through a temp file and a rename.
+pub fn write(git_dir: &Path, status: &Status) -> io::Result<()> {
+    let path = status_path(git_dir);
+    let dir = state_dir(git_dir);
+    fs::create_dir_all(&dir)?;
+    let tmp = dir.join(format!("status.json.tmp.{}", std::process::id()));
+    let mut body = serde_json::to_vec_pretty(status).map_err(io::Error::other)?;
+    body.push(b'\n');
+    let mut file = fs::File::create(&tmp)?;
+    file.write_all(&body)?;
+    file.sync_data()?;
+    fs::rename(&tmp, &path)
+}
+
+pub fn read(git_dir: &Path) -> Result<Status, StatusError> {
+    let path = status_path(git_dir);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StatusError::Missing(path)),
+        Err(source) => return Err(StatusError::Io { path, source }),
+    };
+    serde_json::from_slice(&bytes).map_err(|source| StatusError::Corrupt { path, source })
+}
+
+impl fmt::Display for Status {
+    /// The human form of `project-watcher status`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let or_never = |v: &Option<String>| v.clone().unwrap_or_else(|| "never".to_owned());
+        writeln!(f, "state:            {}", self.state)?;
+        writeln!(
+            f,
+            "head:             {}",
+            self.head.as_deref().unwrap_or("(none)")
+        )?;
+        writeln!(f, "last commit:      {}", or_never(&self.last_commit_at))?;
+        writeln!(f, "last push:        {}", or_never(&self.last_push_at))?;
+        writeln!(f, "unpushed commits: {}", self.unpushed_commits)?;
+        if let Some(err) = &self.last_push_error {
+            writeln!(f, "push error:       {err}")?;
+        }
+        if let Some(r) = &self.recovery_ref {
+            writeln!(
+                f,
+                "recovery branch:  {r} (the remote moved on; run `project-watcher sync`)"
+            )?;
+        }
+        if let Some(err) = &self.last_error {
+            writeln!(f, "problem:          {err}")?;
+        }
+        for s in &self.skipped_files {
+            writeln!(
+                f,
+                "skipped:          {} ({} bytes: {})",
+                s.path, s.size, s.reason
+            )?;
+        }
+        write!(
+            f,
+            "watcher:          pid {}, version {}",
+            self.pid, self.version
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_then_read_round_trips_and_uses_lowercase_states() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Status {
+            state: State::Backoff,
+            last_push_error: Some("server answered 500".into()),
+            unpushed_commits: 3,
+            ..Status::default()
+        };
+        write(dir.path(), &status).unwrap();
+        let raw = fs::read_to_string(status_path(dir.path())).unwrap();
+        assert!(raw.contains("\"state\": \"backoff\""), "{raw}");
+        assert_eq!(read(dir.path()).unwrap(), status);
+    }
+
+    #[test]
+    fn corrupt_and_missing_files_are_distinct_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(read(dir.path()), Err(StatusError::Missing(_))));
+        fs::create_dir_all(state_dir(dir.path())).unwrap();
+        fs::write(status_path(dir.path()), b"{not json").unwrap();
+        assert!(matches!(read(dir.path()), Err(StatusError::Corrupt { .. })));
+    }
+}

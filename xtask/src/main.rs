@@ -1,0 +1,51 @@
+//! `cargo xtask`: the project's developer tasks (ci, and more as they land).
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Developer tasks for project-watcher and cloud-core")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// What CI runs: format check, clippy with warnings denied, every test.
+    Ci,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Ci => ci(),
+    }
+}
+
+fn ci() -> Result<()> {
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--locked",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    cargo(&["test", "--workspace", "--locked"])
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args(args)
+        .status()
+        .with_context(|| format!("running {cargo} {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
