@@ -4,4 +4,5 @@
 //! per arrow. See ARCHITECTURE.md for the code map and the invariants.
 
 pub mod lock;
+pub mod push;
 pub mod status;
