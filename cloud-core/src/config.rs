@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use reqwest::Url;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 
 use crate::token::{TOKEN_SECRET_ENV, TokenSecretError, TokenSigner};
 
@@ -108,11 +108,6 @@ impl Config {
             .ok_or(TokenSecretError::Missing)?;
         Ok(TokenSigner::from_secret(secret)?)
     }
-
-    /// The service token, for the one place that sends it: the `PRIVATE-TOKEN` header.
-    pub(crate) fn service_token(&self) -> &str {
-        self.service_token.expose_secret()
-    }
 }
 
 impl std::fmt::Debug for Config {
@@ -157,6 +152,7 @@ fn parse_api_url(value: &str) -> Result<Url, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use secrecy::ExposeSecret;
     use std::collections::HashMap;
 
     fn from(vars: &[(&str, &str)]) -> Result<Option<Config>, ConfigError> {
@@ -184,7 +180,7 @@ mod tests {
             .unwrap();
         assert_eq!(config.api_url.as_str(), DEFAULT_API_URL);
         assert_eq!(config.group_id, 42);
-        assert_eq!(config.service_token(), "glpat-x");
+        assert_eq!(config.service_token.expose_secret(), "glpat-x");
         assert!(config.token_signer().is_err());
 
         let config = from(&[
