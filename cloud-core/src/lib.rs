@@ -1,1 +1,3 @@
 //! cloud-core: the cloud side of project persistence, linked by the cloud backend.
+
+pub mod http_backend;
