@@ -1,1 +1,6 @@
 //! cloud-core: the cloud side of project persistence, linked by the cloud backend.
+
+pub mod token;
+pub mod user;
+
+pub use user::UserId;
