@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod gitlab;
+pub mod http_backend;
 pub mod token;
 pub mod user;
 
