@@ -2,7 +2,7 @@
 //! stages, keeps the status file true, and saves what is pending on shutdown.
 
 use std::future::Future;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -15,7 +15,7 @@ use crate::changes::Changes;
 use crate::commit::{self, Committed};
 use crate::config::Config;
 use crate::debounce::{self, Debounce, Debounced};
-use crate::filter::{ENV_FILE, Filter};
+use crate::filter::Filter;
 use crate::lock::{self, InstanceLock, LockError, RepoLock};
 use crate::manifest;
 use crate::push::{PushEvent, PushHandle, PushSettings};
@@ -45,6 +45,8 @@ pub enum DaemonError {
     Git { dir: PathBuf, source: git2::Error },
     #[error("cannot write {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Exclude(#[from] crate::restore::RestoreError),
     #[error("push to {remote} failed: {error}")]
     Push { remote: String, error: String },
 }
@@ -95,35 +97,6 @@ fn excludes_file(repo: &Repository) -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(base.join("git").join("ignore"))
-}
-
-/// Appends `.env` to `.git/info/exclude` unless a line already says exactly that.
-fn exclude_env_file(git_dir: &Path) -> Result<(), DaemonError> {
-    let path = git_dir.join("info").join("exclude");
-    let io_err = |source| DaemonError::Io {
-        path: path.clone(),
-        source,
-    };
-    let current = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(io_err(e)),
-    };
-    if current.lines().any(|l| l.trim() == ENV_FILE) {
-        return Ok(());
-    }
-    std::fs::create_dir_all(git_dir.join("info")).map_err(io_err)?;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(io_err)?;
-    let sep = if current.is_empty() || current.ends_with('\n') {
-        ""
-    } else {
-        "\n"
-    };
-    writeln!(file, "{sep}{ENV_FILE}").map_err(io_err)
 }
 
 /// The blocking half: stage and commit under the repo lock. It owns the `Repository` and the
@@ -258,7 +231,7 @@ struct Setup {
 
 fn setup(config: &Config) -> Result<Setup, DaemonError> {
     let (reader, workdir, git_dir) = open(&config.dir)?;
-    exclude_env_file(&git_dir)?;
+    crate::restore::exclude_env_files(&git_dir)?;
     let (filter, warnings) = Filter::new(&workdir, &git_dir, excludes_file(&reader));
     watch_stage::report_rule_warnings(&warnings);
     Ok(Setup {
