@@ -88,7 +88,7 @@ pub enum GitLabError {
         timeout: Duration,
         attempts: u32,
     },
-    #[error("{what}: cannot reach GitLab ({attempts} attempts): {source}")]
+    #[error("{what}: cannot reach GitLab ({attempts} attempts)")]
     Unreachable {
         what: String,
         attempts: u32,
@@ -105,7 +105,7 @@ pub enum GitLabError {
     },
     #[error("{what}: GitLab's answer is not the expected JSON: {reason}")]
     BadResponse { what: String, reason: String },
-    #[error("cannot build the HTTP client: {0}")]
+    #[error("cannot build the HTTP client")]
     Client(#[source] reqwest::Error),
 }
 
@@ -521,7 +521,7 @@ impl GitLab {
             };
             match inner.retry.delay(failed, retry_after) {
                 Some(wait) => {
-                    tracing::warn!(error = %failure, retry_in = ?wait, "GitLab request failed; retrying");
+                    tracing::warn!(error = %with_causes(&failure), retry_in = ?wait, "GitLab request failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
                 None => return Err(failure),
@@ -547,6 +547,18 @@ fn parse_json<T: serde::de::DeserializeOwned>(what: &str, body: &str) -> Result<
         what: what.to_owned(),
         reason: e.to_string(),
     })
+}
+
+/// `error` and its causes on one line, as a log field.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
 }
 
 /// A response body cut to a length that fits in one error line.

@@ -3,6 +3,8 @@
 pub mod config;
 pub mod gitlab;
 pub mod http_backend;
+pub mod manifest;
+pub mod secrets;
 pub mod token;
 pub mod user;
 
