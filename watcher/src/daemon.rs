@@ -65,7 +65,7 @@ impl DaemonError {
 
 /// The repository's `.git` directory for `dir`, or a clear error saying how to fix it.
 pub fn git_dir_of(dir: &Path) -> Result<PathBuf, DaemonError> {
-    Ok(open(dir)?.1)
+    Ok(open(dir)?.2)
 }
 
 /// Opens `dir` as the top of a non-bare working tree: (workdir, git dir).
@@ -222,6 +222,20 @@ impl SaveWorker {
     }
 }
 
+/// Brings `shmastra.json` in line with `.env` under the repo lock.
+async fn sync_manifest(workdir: &Path, git_dir: &Path) -> Result<(), DaemonError> {
+    let (workdir, git_dir) = (workdir.to_owned(), git_dir.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let _lock = RepoLock::acquire(&git_dir)?;
+        if let Err(e) = manifest::sync(&workdir) {
+            tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE);
+        }
+        Ok(())
+    })
+    .await
+    .expect("the manifest task does not panic")
+}
+
 struct Setup {
     reader: Repository,
     workdir: PathBuf,
@@ -359,6 +373,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         filter,
     } = setup(&config)?;
     let _instance = InstanceLock::try_acquire(&git_dir)?;
+    // Written before the watches exist, so the watcher does not see its own write as a change.
+    sync_manifest(&workdir, &git_dir).await?;
     let (problems_tx, mut problems) = watch::channel(None);
     let watcher = {
         let (workdir, git_dir, filter) = (workdir.clone(), git_dir.clone(), Arc::clone(&filter));
