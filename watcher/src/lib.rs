@@ -6,5 +6,7 @@
 pub mod lock;
 pub mod push;
 pub mod restore;
+pub mod retry;
 pub mod status;
 pub mod sync;
+pub mod transport;
