@@ -1,5 +1,7 @@
 //! cloud-core: the cloud side of project persistence, linked by the cloud backend.
 
+pub mod config;
+pub mod gitlab;
 pub mod http_backend;
 pub mod sandbox;
 pub mod token;
