@@ -3,6 +3,7 @@
 pub mod config;
 pub mod gitlab;
 pub mod http_backend;
+pub mod orchestrate;
 pub mod sandbox;
 pub mod token;
 pub mod user;

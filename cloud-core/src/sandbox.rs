@@ -97,6 +97,10 @@ pub trait Sandbox: Send + Sync {
     /// A stable name: the key for one-sync-at-a-time and for reports.
     fn id(&self) -> &str;
 
+    /// The user's home directory: relative paths in a [`crate::orchestrate::SandboxLayout`]
+    /// are taken from here.
+    fn home(&self) -> &Path;
+
     /// Runs a command to its end (or its timeout, which kills it).
     fn exec(&self, exec: &Exec) -> impl Future<Output = Result<ExecOutput, SandboxError>> + Send;
 
@@ -115,19 +119,25 @@ pub trait Sandbox: Send + Sync {
     ) -> impl Future<Output = Result<(), SandboxError>> + Send;
 }
 
-/// A sandbox that is this machine. Every command also gets `base_env` (tests put a hermetic
-/// `HOME` and git configuration there).
+/// A sandbox that is this machine, with its own home directory (so several can live side by
+/// side in one test). Every command gets `HOME` set to it, plus `base_env` (tests put a
+/// hermetic git configuration there).
 #[derive(Debug, Clone)]
 pub struct LocalSandbox {
     id: String,
+    home: PathBuf,
     base_env: BTreeMap<String, String>,
 }
 
 impl LocalSandbox {
-    pub fn new(id: impl Into<String>) -> Self {
+    pub fn new(id: impl Into<String>, home: impl Into<PathBuf>) -> Self {
+        let home = home.into();
+        let mut base_env = BTreeMap::new();
+        base_env.insert("HOME".to_owned(), home.display().to_string());
         Self {
             id: id.into(),
-            base_env: BTreeMap::new(),
+            home,
+            base_env,
         }
     }
 
@@ -140,6 +150,10 @@ impl LocalSandbox {
 impl Sandbox for LocalSandbox {
     fn id(&self) -> &str {
         &self.id
+    }
+
+    fn home(&self) -> &Path {
+        &self.home
     }
 
     async fn exec(&self, exec: &Exec) -> Result<ExecOutput, SandboxError> {
@@ -241,7 +255,7 @@ mod tests {
     #[tokio::test]
     async fn exec_passes_env_and_cwd_and_reports_the_exit_code() {
         let dir = tempfile::tempdir().unwrap();
-        let sandbox = LocalSandbox::new("local").with_env("BASE", "base");
+        let sandbox = LocalSandbox::new("local", std::env::temp_dir()).with_env("BASE", "base");
         let out = sandbox
             .exec(
                 &Exec::new(
@@ -262,7 +276,7 @@ mod tests {
 
     #[tokio::test]
     async fn exec_past_its_timeout_is_an_error() {
-        let sandbox = LocalSandbox::new("local");
+        let sandbox = LocalSandbox::new("local", std::env::temp_dir());
         let err = sandbox
             .exec(&Exec::new("sleep 30", Duration::from_millis(100)))
             .await
@@ -273,7 +287,7 @@ mod tests {
     #[tokio::test]
     async fn files_round_trip_privately_and_missing_reads_as_none() {
         let dir = tempfile::tempdir().unwrap();
-        let sandbox = LocalSandbox::new("local");
+        let sandbox = LocalSandbox::new("local", std::env::temp_dir());
         let path = dir.path().join("a/b/.env");
         assert_eq!(sandbox.read_file(&path).await.unwrap(), None);
         sandbox.write_file(&path, b"KEY=1\n").await.unwrap();
