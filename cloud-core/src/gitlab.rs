@@ -88,7 +88,7 @@ pub enum GitLabError {
         timeout: Duration,
         attempts: u32,
     },
-    #[error("{what}: cannot reach GitLab ({attempts} attempts): {source}")]
+    #[error("{what}: cannot reach GitLab ({attempts} attempts)")]
     Unreachable {
         what: String,
         attempts: u32,
@@ -105,7 +105,7 @@ pub enum GitLabError {
     },
     #[error("{what}: GitLab's answer is not the expected JSON: {reason}")]
     BadResponse { what: String, reason: String },
-    #[error("cannot build the HTTP client: {0}")]
+    #[error("cannot build the HTTP client")]
     Client(#[source] reqwest::Error),
 }
 
@@ -227,6 +227,9 @@ struct Inner {
     retry: RetryPolicy,
     timeout: Duration,
     credentials_rejected: AtomicBool,
+    credentials_accepted: AtomicBool,
+    /// Held by the one request in flight until GitLab has accepted the token once.
+    first_use: tokio::sync::Mutex<()>,
     group: OnceCell<Group>,
     projects: Mutex<HashMap<UserId, Project>>,
 }
@@ -263,6 +266,8 @@ impl GitLab {
                 retry,
                 timeout: config.request_timeout,
                 credentials_rejected: AtomicBool::new(false),
+                credentials_accepted: AtomicBool::new(false),
+                first_use: tokio::sync::Mutex::new(()),
                 group: OnceCell::new(),
                 projects: Mutex::new(HashMap::new()),
             }),
@@ -277,7 +282,9 @@ impl GitLab {
     /// The smoke test: `GET /groups/:id`. Returns the group, or a diagnosis a person can act on.
     pub async fn check(&self) -> Result<Group, GitLabError> {
         let group_id = self.inner.group_id;
-        let url = self.endpoint(&["groups", &group_id.to_string()]);
+        let mut url = self.endpoint(&["groups", &group_id.to_string()]);
+        // Older GitLab versions list every project of the group unless told not to.
+        url.set_query(Some("with_projects=false"));
         let answer = self.send(Method::GET, url, None).await?;
         match answer.status {
             StatusCode::OK => {
@@ -464,6 +471,13 @@ impl GitLab {
         let mut token = HeaderValue::from_str(inner.service_token.expose_secret())
             .map_err(|_| GitLabError::InvalidServiceToken)?;
         token.set_sensitive(true);
+        // Until GitLab has accepted the token once, requests go one at a time: a wrong token is
+        // then sent once even when many callers start together.
+        let _first_use = if inner.credentials_accepted.load(Ordering::SeqCst) {
+            None
+        } else {
+            Some(inner.first_use.lock().await)
+        };
         let mut failed = 0;
         loop {
             if inner.credentials_rejected.load(Ordering::SeqCst) {
@@ -500,7 +514,10 @@ impl GitLab {
                     };
                     (failure, retry_after)
                 }
-                Ok(answer) => return Ok(answer),
+                Ok(answer) => {
+                    inner.credentials_accepted.store(true, Ordering::SeqCst);
+                    return Ok(answer);
+                }
                 Err(e) if e.is_timeout() => {
                     let failure = GitLabError::Timeout {
                         what: what.clone(),
@@ -521,7 +538,7 @@ impl GitLab {
             };
             match inner.retry.delay(failed, retry_after) {
                 Some(wait) => {
-                    tracing::warn!(error = %failure, retry_in = ?wait, "GitLab request failed; retrying");
+                    tracing::warn!(error = %with_causes(&failure), retry_in = ?wait, "GitLab request failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
                 None => return Err(failure),
@@ -547,6 +564,18 @@ fn parse_json<T: serde::de::DeserializeOwned>(what: &str, body: &str) -> Result<
         what: what.to_owned(),
         reason: e.to_string(),
     })
+}
+
+/// `error` and its causes on one line, as a log field.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
 }
 
 /// A response body cut to a length that fits in one error line.
@@ -629,6 +658,25 @@ mod tests {
             CreateRefusal::Other,
         );
         check("<html>", CreateRefusal::Other);
+    }
+
+    #[test]
+    fn endpoints_keep_the_api_root_and_encode_project_paths() {
+        let check = |api_url: &str, segments: &[&str], expected: &str| {
+            let config = Config::new(api_url, 7, SecretString::from("t")).unwrap();
+            let gitlab = GitLab::new(&config).unwrap();
+            assert_eq!(gitlab.endpoint(segments).as_str(), expected);
+        };
+        check(
+            "https://gitlab.com/api/v4",
+            &["groups", "7"],
+            "https://gitlab.com/api/v4/groups/7",
+        );
+        check(
+            "https://git.example.com/gitlab/api/v4/",
+            &["projects", "team/sub/alice"],
+            "https://git.example.com/gitlab/api/v4/projects/team%2Fsub%2Falice",
+        );
     }
 
     #[test]
