@@ -4,6 +4,8 @@ pub mod config;
 pub mod gitlab;
 pub mod http_backend;
 pub mod manifest;
+pub mod orchestrate;
+pub mod sandbox;
 pub mod secrets;
 pub mod token;
 pub mod user;
