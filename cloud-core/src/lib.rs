@@ -1,2 +1,7 @@
 //! cloud-core: the cloud side of project persistence, linked by the cloud backend.
+
 pub mod proxy;
+pub mod token;
+pub mod user;
+
+pub use user::UserId;
