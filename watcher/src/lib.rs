@@ -5,4 +5,6 @@
 
 pub mod lock;
 pub mod push;
+pub mod restore;
 pub mod status;
+pub mod sync;
