@@ -5,6 +5,7 @@
 //! order: [`route::classify`] (404), the token (401, answered here), the path's repository
 //! name agreeing with the token (403), the size limit (413); only then is the upstream called.
 
+pub mod embedded;
 pub mod events;
 pub mod headers;
 pub mod pkt_line;
@@ -187,6 +188,13 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         return answer(
             StatusCode::BAD_GATEWAY,
             "the upstream git server rejected the proxy's service credentials",
+        );
+    }
+    if status.is_server_error() {
+        tracing::error!(%user, service, upstream_status = status.as_u16(), elapsed_ms, "upstream failed");
+        return answer(
+            StatusCode::BAD_GATEWAY,
+            &format!("the upstream git server failed ({status})"),
         );
     }
     tracing::info!(%user, service, status = status.as_u16(), elapsed_ms, "git request forwarded");

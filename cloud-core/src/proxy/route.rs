@@ -45,7 +45,15 @@ impl Endpoint {
         }
     }
 
-    /// The path and query below a repository URL that reach this endpoint.
+    /// The path below a repository URL that reaches this endpoint.
+    pub fn service_path(self) -> &'static str {
+        match self {
+            Endpoint::InfoRefs(_) => "info/refs",
+            Endpoint::Rpc(s) => s.name(),
+        }
+    }
+
+    /// [`Self::service_path`] with the query git sends.
     pub fn path_and_query(self) -> String {
         match self {
             Endpoint::InfoRefs(s) => format!("info/refs?service={}", s.name()),
