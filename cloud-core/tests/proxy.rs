@@ -396,7 +396,9 @@ fn upstream_failures_become_502_and_504_with_a_clear_body() {
         (status, body)
     };
 
+    // Refusal first: a pooled keep-alive connection from an earlier case would still be served.
     for (fault, status, says) in [
+        (Fault::RefuseConnections, 502, "could not be reached"),
         (Fault::Status500, 502, "upstream git server failed"),
         (
             Fault::Status403,
@@ -404,7 +406,6 @@ fn upstream_failures_become_502_and_504_with_a_clear_body() {
             "rejected the proxy's service credentials",
         ),
         (Fault::Stall, 504, "did not answer in time"),
-        (Fault::RefuseConnections, 502, "could not be reached"),
     ] {
         server.set_fault(fault);
         let body = testkit::wait::until(Duration::from_secs(30), &format!("{fault:?}"), || {
