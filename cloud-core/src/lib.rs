@@ -6,7 +6,9 @@ pub mod http_backend;
 pub mod manifest;
 pub mod proxy;
 pub mod secrets;
+pub mod serve;
 pub mod token;
 pub mod user;
+pub mod webhook;
 
 pub use user::UserId;

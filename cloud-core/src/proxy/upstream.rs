@@ -11,6 +11,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::route::Endpoint;
 use crate::UserId;
+use crate::gitlab::GitLab;
 
 /// One request to forward, already authenticated and stripped of the client's credentials.
 pub struct UpstreamRequest {
@@ -49,6 +50,27 @@ pub trait Upstream: Send + Sync + 'static {
 /// Finds (and if need be creates) the clone URL of a user's repository.
 pub trait RepoLocator: Send + Sync + 'static {
     fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>>;
+
+    /// The upstream answered 404 for `user`'s repository: a remembered location is stale.
+    fn forget(&self, _user: &UserId) {}
+}
+
+/// GitLab: each user's project in the group, created on first use and then cached.
+impl RepoLocator for GitLab {
+    fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>> {
+        let user = user.clone();
+        Box::pin(async move {
+            let project = self
+                .user_project(&user)
+                .await
+                .map_err(|e| UpstreamError::Repository(e.to_string()))?;
+            Ok(project.http_url_to_repo)
+        })
+    }
+
+    fn forget(&self, user: &UserId) {
+        GitLab::forget(self, user);
+    }
 }
 
 /// A locator for servers that lay repositories out as `<base>/<user>.git`.
@@ -110,6 +132,9 @@ impl Upstream for HttpUpstream {
                 builder = builder.body(reqwest::Body::wrap_stream(request.body.into_data_stream()));
             }
             let response = builder.send().await.map_err(describe)?;
+            if response.status() == http::StatusCode::NOT_FOUND {
+                self.locator.forget(&request.user);
+            }
             let mut out = Response::builder().status(response.status());
             if let Some(headers) = out.headers_mut() {
                 *headers = response.headers().clone();
