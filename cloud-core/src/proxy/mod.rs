@@ -160,6 +160,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     )
     .await;
     let service = endpoint.service().name();
+    let endpoint_path = endpoint.service_path();
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let upstream_response = match forwarded {
         _ if tripped.load(Ordering::SeqCst) => return too_large(limit),
@@ -173,7 +174,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
                 UpstreamError::Timeout => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::BAD_GATEWAY,
             };
-            tracing::error!(%user, service, status = status.as_u16(), elapsed_ms, %error, "git request failed upstream");
+            tracing::error!(%user, service, endpoint = endpoint_path, status = status.as_u16(), elapsed_ms, %error, "git request failed upstream");
             return answer(status, &error.to_string());
         }
     };
@@ -197,7 +198,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             &format!("the upstream git server failed ({status})"),
         );
     }
-    tracing::info!(%user, service, status = status.as_u16(), elapsed_ms, "git request forwarded");
+    tracing::info!(%user, service, endpoint = endpoint_path, status = status.as_u16(), elapsed_ms, "git request forwarded");
 
     let (upstream_parts, upstream_body) = upstream_response.into_parts();
     let body_stream =
