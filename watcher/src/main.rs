@@ -91,6 +91,8 @@ impl WatchArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread or network call: every request carries the watcher's User-Agent.
+    project_watcher::transport::init(project_watcher::transport::DEFAULT_NETWORK_TIMEOUT);
     match cli.command {
         Command::Watch(args) => with_config(args, |config| {
             runtime()?.block_on(async {
