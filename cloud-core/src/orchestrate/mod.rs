@@ -15,7 +15,9 @@ use futures_util::FutureExt;
 
 use crate::UserId;
 use crate::gitlab::{GitLab, GitLabError};
+use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
 use crate::sandbox::{Exec, ExecOutput, Sandbox, SandboxError};
+use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env};
 use crate::token::TokenSigner;
 use coalesce::{Coalescer, Triggered};
 
@@ -109,6 +111,10 @@ pub enum OrchestrateError {
     Host { user: UserId, source: GitLabError },
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    #[error("the saved project of user {user} has a bad {MANIFEST_FILE}: {source}")]
+    Manifest { user: UserId, source: ManifestError },
+    #[error(transparent)]
+    Form(#[from] RestoreFormError),
     #[error("sandbox {sandbox}: {step} failed ({exit}): {tail}")]
     Command {
         sandbox: String,
@@ -124,7 +130,9 @@ impl OrchestrateError {
         match self {
             Self::Host { source, .. } => source.is_transient(),
             Self::Sandbox(SandboxError::Timeout { .. }) => true,
-            Self::Sandbox(_) | Self::Command { .. } => false,
+            Self::Sandbox(_) | Self::Command { .. } | Self::Manifest { .. } | Self::Form(_) => {
+                false
+            }
         }
     }
 }
@@ -278,6 +286,90 @@ impl<H: ProjectHost> Orchestrator<H> {
             done.remote_configured = true;
         }
         Ok(done)
+    }
+
+    /// The first half of restoring a fresh sandbox: sets up the remote and the watcher's
+    /// environment, restores the saved tree (`project-watcher restore`), and reads
+    /// `shmastra.json` from it to learn which secrets the restore form must ask for. The dev
+    /// server and the watcher are not started yet. With the feature off nothing happens and
+    /// no secret is asked for.
+    pub async fn begin_restore<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+    ) -> Result<RestorePlan, OrchestrateError> {
+        let Some(persistence) = &self.persistence else {
+            return Ok(RestorePlan {
+                manifest: Manifest::default(),
+                enabled: false,
+            });
+        };
+        self.prepare(persistence, sandbox, user).await?;
+        if self
+            .shell(sandbox, &self.layout.watcher_running)
+            .await?
+            .success()
+        {
+            // Restoring under a running watcher would save the template over the user's work.
+            self.checked(sandbox, "stop the watcher", &self.layout.stop_watcher)
+                .await?;
+        }
+        let dir = sandbox.home().join(&self.layout.project_dir);
+        let restore = Exec::new(
+            "\"$WATCHER\" restore --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\"",
+            self.layout.sync_timeout,
+        )
+        .env("WATCHER", self.layout.watcher_bin.clone())
+        .env("PROJECT_DIR", dir.display().to_string())
+        .env("REMOTE", REMOTE)
+        .env("BRANCH", BRANCH)
+        .env("PROJECT_TOKEN", persistence.signer.mint(user));
+        self.expect_ok(sandbox, "restore the project", restore)
+            .await?;
+        let manifest = match sandbox.read_file(&dir.join(MANIFEST_FILE)).await? {
+            None => Manifest::default(),
+            Some(bytes) => Manifest::parse(&String::from_utf8_lossy(&bytes)).map_err(|source| {
+                OrchestrateError::Manifest {
+                    user: user.clone(),
+                    source,
+                }
+            })?,
+        };
+        Ok(RestorePlan {
+            manifest,
+            enabled: true,
+        })
+    }
+
+    /// The second half: checks the submitted secrets against the manifest, writes `.env`,
+    /// starts the dev server and then the watcher. A rejected form changes nothing and can be
+    /// submitted again.
+    pub async fn finish_restore<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        plan: &RestorePlan,
+        submitted: impl IntoIterator<Item = (String, SecretValue)>,
+    ) -> Result<(), OrchestrateError> {
+        if plan.enabled {
+            let form = RestoreForm::validate(&plan.manifest, submitted)?;
+            if !plan.manifest.env().is_empty() {
+                let env_file = sandbox.home().join(&self.layout.project_dir).join(".env");
+                sandbox
+                    .write_file(&env_file, render_env(&form).expose().as_bytes())
+                    .await?;
+            }
+        }
+        self.checked(
+            sandbox,
+            "start the dev server",
+            &self.layout.start_dev_server,
+        )
+        .await?;
+        if plan.enabled {
+            self.checked(sandbox, "start the watcher", &self.layout.start_watcher)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Stops the watcher, runs `f`, and starts the watcher again whether `f` succeeded,
@@ -453,6 +545,22 @@ impl<H: ProjectHost> Orchestrator<H> {
             None => exec.cwd(sandbox.home().join(&self.layout.project_dir)),
         };
         Ok(sandbox.exec(&exec).await?)
+    }
+}
+
+/// What the restore form must ask for, between [`Orchestrator::begin_restore`] and
+/// [`Orchestrator::finish_restore`].
+#[derive(Debug, Clone)]
+pub struct RestorePlan {
+    manifest: Manifest,
+    enabled: bool,
+}
+
+impl RestorePlan {
+    /// The names of the secrets to ask for (never their values: those were never saved).
+    /// Empty: no form is needed.
+    pub fn secret_names(&self) -> &[String] {
+        self.manifest.env()
     }
 }
 
