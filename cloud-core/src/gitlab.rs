@@ -227,6 +227,9 @@ struct Inner {
     retry: RetryPolicy,
     timeout: Duration,
     credentials_rejected: AtomicBool,
+    credentials_accepted: AtomicBool,
+    /// Held by the one request in flight until GitLab has accepted the token once.
+    first_use: tokio::sync::Mutex<()>,
     group: OnceCell<Group>,
     projects: Mutex<HashMap<UserId, Project>>,
 }
@@ -263,6 +266,8 @@ impl GitLab {
                 retry,
                 timeout: config.request_timeout,
                 credentials_rejected: AtomicBool::new(false),
+                credentials_accepted: AtomicBool::new(false),
+                first_use: tokio::sync::Mutex::new(()),
                 group: OnceCell::new(),
                 projects: Mutex::new(HashMap::new()),
             }),
@@ -277,7 +282,9 @@ impl GitLab {
     /// The smoke test: `GET /groups/:id`. Returns the group, or a diagnosis a person can act on.
     pub async fn check(&self) -> Result<Group, GitLabError> {
         let group_id = self.inner.group_id;
-        let url = self.endpoint(&["groups", &group_id.to_string()]);
+        let mut url = self.endpoint(&["groups", &group_id.to_string()]);
+        // Older GitLab versions list every project of the group unless told not to.
+        url.set_query(Some("with_projects=false"));
         let answer = self.send(Method::GET, url, None).await?;
         match answer.status {
             StatusCode::OK => {
@@ -464,6 +471,13 @@ impl GitLab {
         let mut token = HeaderValue::from_str(inner.service_token.expose_secret())
             .map_err(|_| GitLabError::InvalidServiceToken)?;
         token.set_sensitive(true);
+        // Until GitLab has accepted the token once, requests go one at a time: a wrong token is
+        // then sent once even when many callers start together.
+        let _first_use = if inner.credentials_accepted.load(Ordering::SeqCst) {
+            None
+        } else {
+            Some(inner.first_use.lock().await)
+        };
         let mut failed = 0;
         loop {
             if inner.credentials_rejected.load(Ordering::SeqCst) {
@@ -500,7 +514,10 @@ impl GitLab {
                     };
                     (failure, retry_after)
                 }
-                Ok(answer) => return Ok(answer),
+                Ok(answer) => {
+                    inner.credentials_accepted.store(true, Ordering::SeqCst);
+                    return Ok(answer);
+                }
                 Err(e) if e.is_timeout() => {
                     let failure = GitLabError::Timeout {
                         what: what.clone(),
@@ -641,6 +658,25 @@ mod tests {
             CreateRefusal::Other,
         );
         check("<html>", CreateRefusal::Other);
+    }
+
+    #[test]
+    fn endpoints_keep_the_api_root_and_encode_project_paths() {
+        let check = |api_url: &str, segments: &[&str], expected: &str| {
+            let config = Config::new(api_url, 7, SecretString::from("t")).unwrap();
+            let gitlab = GitLab::new(&config).unwrap();
+            assert_eq!(gitlab.endpoint(segments).as_str(), expected);
+        };
+        check(
+            "https://gitlab.com/api/v4",
+            &["groups", "7"],
+            "https://gitlab.com/api/v4/groups/7",
+        );
+        check(
+            "https://git.example.com/gitlab/api/v4/",
+            &["projects", "team/sub/alice"],
+            "https://git.example.com/gitlab/api/v4/projects/team%2Fsub%2Falice",
+        );
     }
 
     #[test]

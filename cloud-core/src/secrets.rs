@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use secrecy::{ExposeSecret, SecretString};
+use zeroize::Zeroizing;
 
 use crate::manifest::Manifest;
 
@@ -15,17 +15,20 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 pub const MAX_TOTAL_BYTES: usize = 1024 * 1024;
 
 /// A secret value. `Debug` and `Display` print `[redacted]`; the memory is zeroed on drop.
+///
+/// `Zeroizing<String>` rather than `secrecy::SecretString`: it keeps the `String`'s own buffer
+/// (no shrinking copy left behind unzeroed) and zeroes its whole capacity.
 #[derive(Clone)]
-pub struct SecretValue(SecretString);
+pub struct SecretValue(Zeroizing<String>);
 
 impl SecretValue {
     pub fn new(value: impl Into<String>) -> SecretValue {
-        SecretValue(SecretString::from(value.into()))
+        SecretValue(Zeroizing::new(value.into()))
     }
 
     /// The value itself, for the code that writes `.env` or hands it to a sandbox.
     pub fn expose(&self) -> &str {
-        self.0.expose_secret()
+        &self.0
     }
 
     /// Its length in bytes.
@@ -202,13 +205,20 @@ impl RestoreForm {
 /// `'` as `\'`, and `\` as `\\` (inside quotes, dotenvy's line splitter would take `\'` for an
 /// escaped quote and run the value into the next line).
 pub fn render_env(form: &RestoreForm) -> SecretValue {
-    let mut out = String::new();
+    // Sized for the worst case (`a'a'...` costs 3 bytes per character) so the buffer never
+    // grows: a reallocation would leave an unzeroed copy of the secrets behind.
+    let capacity = form
+        .iter()
+        .map(|(name, value)| name.len() + 3 * value.len() + 4)
+        .sum();
+    let mut out = String::with_capacity(capacity);
     for (name, value) in form.iter() {
         out.push_str(name);
         out.push('=');
         push_quoted(&mut out, value.expose());
         out.push('\n');
     }
+    debug_assert!(out.len() <= capacity);
     SecretValue::new(out)
 }
 
@@ -313,6 +323,17 @@ mod tests {
             ("C.d", "x"),
             ("export", "y"),
         ]);
+    }
+
+    #[test]
+    fn render_never_outgrows_its_buffer() {
+        for value in ["a'a'a'a", "''''", r"\\\\", r"a\a\", "", "ключ'"] {
+            let validated =
+                RestoreForm::validate(&manifest(&["K"]), form(&[("K", value)])).unwrap();
+            let env = render_env(&validated);
+            assert!(env.expose().len() <= 1 + 3 * value.len() + 4, "{value:?}");
+            round_trip(&[("K", value)]);
+        }
     }
 
     #[test]

@@ -39,7 +39,10 @@ async fn check_returns_the_group_and_sends_the_token_header() {
     assert_eq!((group.id, group.full_path.as_str()), (GROUP_ID, GROUP_PATH));
     let requests = fake.requests();
     assert_eq!(requests.len(), 1);
-    assert_eq!(requests[0].path, format!("/api/v4/groups/{GROUP_ID}"));
+    assert_eq!(
+        requests[0].path,
+        format!("/api/v4/groups/{GROUP_ID}?with_projects=false")
+    );
     assert_eq!(requests[0].private_token.as_deref(), Some(SERVICE_TOKEN));
     assert!(
         requests[0]
@@ -91,6 +94,43 @@ async fn a_rejected_token_is_sent_once_and_never_again() {
         1,
         "the rejected token went out again"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_calls_send_a_wrong_token_once() {
+    let fake = FakeGitLab::start().await;
+    let gitlab = client_with(&fake, "glpat-wrong", Duration::from_secs(10));
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let gitlab = gitlab.clone();
+            tokio::spawn(async move { gitlab.check().await })
+        })
+        .collect();
+    for call in calls {
+        let err = call.await.unwrap().unwrap_err();
+        assert!(matches!(err, GitLabError::Unauthorized { .. }), "{err:?}");
+    }
+    assert_eq!(fake.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_calls_with_a_good_token_all_succeed() {
+    let fake = FakeGitLab::start().await;
+    let gitlab = client(&fake);
+    let calls: Vec<_> = (0..5)
+        .map(|i| {
+            let gitlab = gitlab.clone();
+            tokio::spawn(async move {
+                gitlab
+                    .ensure_user_project(&UserId::parse(&format!("user{i}")).unwrap())
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(fake.projects().len(), 5);
 }
 
 #[tokio::test]
