@@ -487,6 +487,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
                 book.save_failed = true;
                 book.status.last_error = Some(format!("saving failed: {e}"));
+                // A full pass on retry also repairs whatever state made this one fail.
+                changes.merge(Changes::everything());
                 retry = Some((changes, Instant::now() + wait, wait));
             }
         }

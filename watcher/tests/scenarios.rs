@@ -329,3 +329,33 @@ fn not_a_repository_is_a_usage_error_that_says_how_to_fix_it() {
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("git init"), "{err}");
 }
+
+#[test]
+fn a_directory_replaced_by_a_file_and_back_is_saved() {
+    let repo = Repo::new();
+    repo.write("thing/inner/a.txt", "a");
+    repo.write("other", "file");
+    let _daemon = Daemon::start(&repo, repo.config());
+    fs::rename(repo.path("thing"), repo.path("moved")).unwrap();
+    repo.write("thing", "now a file");
+    fs::remove_file(repo.path("other")).unwrap();
+    repo.write("other/inside.txt", "now a directory");
+    repo.wait_saved();
+    let paths = repo.head_paths();
+    assert!(paths.contains(&"thing".to_owned()), "{paths:?}");
+    assert!(paths.contains(&"other/inside.txt".to_owned()), "{paths:?}");
+    assert!(paths.contains(&"moved/inner/a.txt".to_owned()), "{paths:?}");
+}
+
+#[test]
+fn a_directory_renamed_away_and_made_again_is_still_watched() {
+    let repo = Repo::new();
+    repo.write("dir/a.txt", "a");
+    let _daemon = Daemon::start(&repo, repo.config());
+    fs::rename(repo.path("dir"), repo.path("gone")).unwrap();
+    repo.write("dir/b.txt", "b");
+    repo.wait_saved();
+    repo.write("dir/c.txt", "written after the watcher settled");
+    repo.wait_saved();
+    assert!(repo.head_paths().contains(&"dir/c.txt".to_owned()));
+}
