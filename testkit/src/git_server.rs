@@ -53,6 +53,9 @@ pub enum Fault {
     Status403,
     /// Accept requests and never answer them.
     Stall,
+    /// Serve fetches and ref advertisements, but stop reading a push's pack after its first
+    /// 64 KiB and never answer: a connection that dies mid-pack without closing.
+    StallMidPack,
 }
 
 struct Shared {
@@ -277,7 +280,20 @@ async fn handle(shared: &Shared, fault: Fault, req: Request<Incoming>) -> Respon
         Fault::Status500 => return plain(StatusCode::INTERNAL_SERVER_ERROR),
         Fault::Status403 => return plain(StatusCode::FORBIDDEN),
         Fault::Stall => std::future::pending::<()>().await,
-        Fault::None | Fault::RefuseConnections => {}
+        Fault::StallMidPack
+            if recorded.method == "POST" && recorded.path.ends_with("/git-receive-pack") =>
+        {
+            let mut body = req.into_body();
+            let mut read = 0;
+            while read < 64 * 1024 {
+                match body.frame().await {
+                    Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
+                    _ => break,
+                }
+            }
+            return std::future::pending().await;
+        }
+        Fault::None | Fault::RefuseConnections | Fault::StallMidPack => {}
     }
 
     let required = shared.password.lock().expect("password lock").clone();

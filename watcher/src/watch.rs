@@ -324,7 +324,9 @@ impl TreeWatcher {
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "unknown".to_owned());
         let limit = match self.max_watches {
-            Some(cap) => format!("{MAX_WATCHES_ENV} = {cap}, fs.inotify.max_user_watches = {limit}"),
+            Some(cap) => {
+                format!("{MAX_WATCHES_ENV} = {cap}, fs.inotify.max_user_watches = {limit}")
+            }
             None => format!("fs.inotify.max_user_watches = {limit}"),
         };
         let message = format!(

@@ -79,7 +79,11 @@ fn a_flood_that_overflows_the_kernel_queue_ends_with_everything_committed() {
     project.write("seed.txt", "seed\n");
     // The kernel reads the limit when an inotify instance is created: lower it only while
     // the watcher starts, so other processes on the machine keep the normal queue.
-    let lowered = if is_root() { QueueLimit::lower(16) } else { None };
+    let lowered = if is_root() {
+        QueueLimit::lower(16)
+    } else {
+        None
+    };
     let watcher = project.start(&["--no-push"], &[]);
     let overflow_forced = lowered.is_some();
     drop(lowered);
@@ -93,7 +97,10 @@ fn a_flood_that_overflows_the_kernel_queue_ends_with_everything_committed() {
 
     let files = 1500;
     for i in 0..files {
-        project.write(&format!("flood/{}/f{i}.txt", i % 30), format!("flood {i}\n"));
+        project.write(
+            &format!("flood/{}/f{i}.txt", i % 30),
+            format!("flood {i}\n"),
+        );
     }
     for i in (0..files).step_by(7) {
         fs::remove_file(project.path(&format!("flood/{}/f{i}.txt", i % 30))).unwrap();
