@@ -150,7 +150,10 @@ impl Stager {
                 _ => return self.stage_path_not_dir(dir, filter),
             }
         }
-        let entries = scan::kept_entries(&self.workdir, dir, filter);
+        let (entries, unreadable) = scan::kept_entries(&self.workdir, dir, filter);
+        let in_scope = |path: &Path| {
+            (top || path.starts_with(dir)) && !unreadable.iter().any(|u| path.starts_with(u))
+        };
         let mut kept: HashSet<PathBuf> = HashSet::with_capacity(entries.len());
         for (rel, kind, meta) in entries {
             match kind {
@@ -163,13 +166,13 @@ impl Stager {
             .index
             .iter()
             .map(|entry| PathBuf::from(OsStr::from_bytes(&entry.path)))
-            .filter(|path| (top || path.starts_with(dir)) && !kept.contains(path))
+            .filter(|path| in_scope(path) && !kept.contains(path))
             .collect();
         for path in stale {
             self.remove_entry(&path);
         }
         self.skipped
-            .retain(|path, _| !(top || path.starts_with(dir)) || kept.contains(path));
+            .retain(|path, _| !in_scope(path) || kept.contains(path));
     }
 
     /// A subtree root that is no longer a kept directory: stage it as a single path.

@@ -82,8 +82,7 @@ impl Project {
     pub fn local(root: &Path) -> Self {
         let bare = root.join("remote.git");
         init_bare(&bare);
-        let project = Self::with_remote(root, bare.clone(), bare.to_string_lossy().into_owned());
-        project
+        Self::with_remote(root, bare.clone(), bare.to_string_lossy().into_owned())
     }
 
     /// A project under `root` pushing over HTTP to `git http-backend`.
@@ -155,8 +154,26 @@ impl Project {
     /// The watcher, started with short debounce times; logs (JSON, debug) go to a file
     /// outside the project.
     pub fn spawn(&self, args: &[&str], envs: &[(&str, &str)]) -> Watcher {
+        self.spawn_via(None, args, envs)
+    }
+
+    /// [`Self::start`] as another user: `setpriv` with `ids` (`--reuid=...`).
+    pub fn start_as(&self, ids: &[&str], args: &[&str]) -> Watcher {
+        let watcher = self.spawn_via(Some(ids), args, &[]);
+        self.wait_started(watcher)
+    }
+
+    fn spawn_via(&self, setpriv: Option<&[&str]>, args: &[&str], envs: &[(&str, &str)]) -> Watcher {
         let log = self.root.join(format!("watcher-{}.log", now_nanos()));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_project-watcher"));
+        let bin = env!("CARGO_BIN_EXE_project-watcher");
+        let mut cmd = match setpriv {
+            Some(ids) => {
+                let mut cmd = Command::new("setpriv");
+                cmd.args(ids).arg(bin);
+                cmd
+            }
+            None => Command::new(bin),
+        };
         cmd.args(["watch", "--dir"])
             .arg(&self.work)
             .args(["--log-format", "json"])
@@ -181,7 +198,11 @@ impl Project {
 
     /// [`Self::spawn`], then waits until the watcher wrote its first status.
     pub fn start(&self, args: &[&str], envs: &[(&str, &str)]) -> Watcher {
-        let mut watcher = self.spawn(args, envs);
+        let watcher = self.spawn(args, envs);
+        self.wait_started(watcher)
+    }
+
+    fn wait_started(&self, mut watcher: Watcher) -> Watcher {
         let pid = watcher.pid();
         let deadline = Instant::now() + PATIENCE;
         while self.status().is_none_or(|s| s.pid != pid) {
