@@ -171,6 +171,15 @@ impl<R: Remote> Worker<R> {
                 if let Some(head) = target {
                     retry_at = self.attempt(head).await;
                 }
+                // Shutdown came during that attempt. If it failed, it was the last one: the
+                // server is failing and the deadline is short. If it succeeded, the newest
+                // head (the shutdown's own commit) still gets its attempt below.
+                if shutdown_requested(&mut shutdown) {
+                    if retry_at.is_some() {
+                        return;
+                    }
+                    break;
+                }
                 continue;
             }
             tokio::select! {
@@ -328,6 +337,13 @@ fn panicked() -> PushFailure {
         kind: FailureKind::Local,
         message: "the push task panicked".to_owned(),
     }
+}
+
+fn shutdown_requested(shutdown: &mut oneshot::Receiver<()>) -> bool {
+    !matches!(
+        shutdown.try_recv(),
+        Err(oneshot::error::TryRecvError::Empty)
+    )
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -787,6 +803,58 @@ mod tests {
             ]
         );
         handle.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A remote whose pushes take a while, so shutdown arrives while one is in flight.
+    struct Slow {
+        inner: Arc<Script>,
+    }
+
+    impl Remote for Slow {
+        fn push(&self, head: Oid, dst: &str) -> Result<(), PushFailure> {
+            std::thread::sleep(Duration::from_millis(300));
+            self.inner.push(head, dst)
+        }
+        fn fetch_branch_tip(&self) -> Result<Oid, PushFailure> {
+            self.inner.fetch_branch_tip()
+        }
+        fn contains(&self, head: Oid, tip: Oid) -> bool {
+            self.inner.contains(head, tip)
+        }
+        fn local_head(&self) -> Option<Oid> {
+            None
+        }
+        fn unpushed_head(&self) -> Option<Oid> {
+            None
+        }
+        fn branch(&self) -> &str {
+            "main"
+        }
+    }
+
+    #[tokio::test]
+    async fn shutdown_during_an_attempt_adds_one_only_for_a_newer_head_after_a_success() {
+        for (first, newer, expected) in [
+            (fail(FailureKind::Network), true, vec![oid(1)]),
+            (Ok(()), true, vec![oid(1), oid(2)]),
+            (Ok(()), false, vec![oid(1)]),
+        ] {
+            let script = Script::new(vec![first.clone(), fail(FailureKind::Network)]);
+            let slow = Arc::new(Slow {
+                inner: Arc::clone(&script),
+            });
+            let (heads_tx, heads) = watch::channel(None);
+            let (tx, mut events) = mpsc::channel(16);
+            let handle = PushHandle::spawn_with(slow, heads, tx);
+            heads_tx.send_replace(Some(oid(1)));
+            assert_eq!(events.recv().await, Some(PushEvent::Started));
+            if newer {
+                heads_tx.send_replace(Some(oid(2)));
+            }
+            handle.shutdown(Duration::from_secs(10)).await;
+            let pushed: Vec<_> = script.pushes().into_iter().map(|(o, _)| o).collect();
+            assert_eq!(pushed, expected, "first {first:?}, newer head {newer}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -57,3 +57,16 @@ fn apply(user_agent: &str, timeout: Duration) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn libgit2_is_built_with_https() {
+        let version = git2::Version::get();
+        assert!(
+            version.https(),
+            "libgit2 {:?} lacks https",
+            version.libgit2_version()
+        );
+    }
+}
