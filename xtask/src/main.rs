@@ -1,5 +1,7 @@
 //! `cargo xtask`: the project's developer tasks (ci, and more as they land).
 
+mod demo;
+
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -16,11 +18,14 @@ struct Cli {
 enum Task {
     /// What CI runs: format check, clippy with warnings denied, every test.
     Ci,
+    /// The whole system on one machine: proxy, watcher, an edit saved, an external push synced.
+    Demo,
 }
 
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Ci => ci(),
+        Task::Demo => demo::run(),
     }
 }
 
