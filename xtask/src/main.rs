@@ -1,5 +1,7 @@
 //! `cargo xtask`: the project's developer tasks (ci, and more as they land).
 
+mod bench;
+
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -16,11 +18,14 @@ struct Cli {
 enum Task {
     /// What CI runs: format check, clippy with warnings denied, every test.
     Ci,
+    /// project-watcher against the inotifywait + git CLI baseline, as ratios (BENCHMARKS.md).
+    Bench(bench::Options),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Ci => ci(),
+        Task::Bench(options) => bench::run(options),
     }
 }
 
