@@ -139,8 +139,18 @@ impl Fixture {
         self.git
             .run(p, ["config", "user.email", "bench@example.test"])?;
         self.git.run(p, ["add", "-A"])?;
-        self.git
-            .run(p, ["commit", "-q", "-m", "fixture: generated project"])?;
+        // No background auto-gc racing the explicit one below.
+        self.git.run(
+            p,
+            [
+                "-c",
+                "gc.auto=0",
+                "commit",
+                "-q",
+                "-m",
+                "fixture: generated project",
+            ],
+        )?;
         // A project restored into a sandbox arrives packed, as a clone does.
         self.git.run(p, ["gc", "-q"])?;
         fs::create_dir_all(&self.remote)?;
