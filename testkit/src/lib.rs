@@ -1,6 +1,9 @@
-//! Test-only helpers shared by every crate's tests: hermetic git, polling waits.
+//! Test-only helpers shared by every crate's tests: hermetic git, a smart-HTTP git server with
+//! faults, a fake GitLab, polling waits.
 //!
 //! Nothing here is linked into a shipped binary.
 
+pub mod fake_gitlab;
 pub mod git;
+pub mod git_server;
 pub mod wait;

@@ -3,6 +3,19 @@
 //! Data flows one way: `watch -> filter -> debounce -> stage -> commit -> push`, one module
 //! per arrow. See ARCHITECTURE.md for the code map and the invariants.
 
+pub mod changes;
+pub mod commit;
+pub mod config;
+pub mod daemon;
+pub mod debounce;
+pub mod filter;
 pub mod lock;
+pub mod logging;
+pub mod manifest;
 pub mod push;
+pub mod restore;
+pub mod scan;
+pub mod stage;
 pub mod status;
+pub mod sync;
+pub mod watch;

@@ -1,5 +1,179 @@
-//! The `project-watcher` binary: parses the command line and hands over to the library.
+//! The `project-watcher` binary: parses the command line, sets up logging, builds a validated
+//! `Config` and hands over to the library. Exit codes: 0 ok, 1 runtime failure, 2 usage or
+//! configuration error, 3 another watcher holds the lock.
 
-fn main() {
-    std::process::exit(2);
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use project_watcher::config::{self, Config, LogFormat};
+use project_watcher::daemon;
+
+#[derive(Parser)]
+#[command(
+    name = "project-watcher",
+    version,
+    about = "Saves a project directory to git as you work."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Watch the project and save every change to git (and push it), until SIGINT/SIGTERM.
+    Watch(WatchArgs),
+    /// Stage, commit and push what changed now, then exit.
+    Once(WatchArgs),
+    /// Print what the running watcher is doing.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct WatchArgs {
+    /// The project directory (top of a git working tree).
+    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    dir: PathBuf,
+    /// The remote to push to; when it does not exist, commits stay local.
+    #[arg(long, env = "PROJECT_REMOTE", default_value = config::DEFAULT_REMOTE)]
+    remote: String,
+    /// The branch to push.
+    #[arg(long, env = "PROJECT_BRANCH", default_value = config::DEFAULT_BRANCH)]
+    branch: String,
+    /// Commit once no change arrived for this long.
+    #[arg(long, env = "WATCHER_DEBOUNCE", default_value = "3s", value_parser = config::parse_duration)]
+    debounce: Duration,
+    /// Commit at the latest this long after the first unsaved change.
+    #[arg(long, env = "WATCHER_MAX_DELAY", default_value = "30s", value_parser = config::parse_duration)]
+    max_delay: Duration,
+    /// Commit locally only.
+    #[arg(long)]
+    no_push: bool,
+    /// Leave out files larger than this (listed in the status file).
+    #[arg(long, default_value = "50MiB", value_parser = config::parse_size)]
+    max_file_size: u64,
+    /// How long the final push may take on SIGINT/SIGTERM.
+    #[arg(long, default_value = "8s", value_parser = config::parse_duration)]
+    shutdown_timeout: Duration,
+    /// auto: pretty on a terminal, JSON lines otherwise.
+    #[arg(long, default_value = "auto")]
+    log_format: LogFormat,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    dir: PathBuf,
+    /// Print the status file as it is.
+    #[arg(long)]
+    json: bool,
+}
+
+impl WatchArgs {
+    fn into_config(self) -> Result<Config, config::ConfigError> {
+        let mut config = Config::new(self.dir);
+        config.remote = self.remote;
+        config.branch = self.branch;
+        config.debounce = self.debounce;
+        config.max_delay = self.max_delay;
+        config.push = !self.no_push;
+        config.max_file_size = self.max_file_size;
+        config.shutdown_timeout = self.shutdown_timeout;
+        config.log_format = self.log_format;
+        config.token = std::env::var("PROJECT_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty());
+        config.validate()
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Watch(args) => with_config(args, |config| {
+            runtime()?.block_on(async {
+                let shutdown = shutdown_signal().map_err(daemon::DaemonError::Runtime)?;
+                daemon::run(config, shutdown).await
+            })
+        }),
+        Command::Once(args) => {
+            with_config(args, |config| runtime()?.block_on(daemon::once(config)))
+        }
+        Command::Status(args) => status(args),
+    }
+}
+
+fn with_config(
+    args: WatchArgs,
+    run: impl FnOnce(Config) -> Result<(), daemon::DaemonError>,
+) -> ExitCode {
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("project-watcher: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    project_watcher::logging::init(config.log_format);
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, daemon::DaemonError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(daemon::DaemonError::Runtime)
+}
+
+/// Listens for SIGINT (PM2's stop signal) and SIGTERM from now on; the future resolves on
+/// the first of them.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
+}
+
+fn status(args: StatusArgs) -> ExitCode {
+    let git_dir = match daemon::git_dir_of(&args.dir) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("project-watcher: {e}");
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    match project_watcher::status::read(&git_dir) {
+        Ok(status) if args.json => match serde_json::to_string_pretty(&status) {
+            Ok(json) => {
+                println!("{json}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("project-watcher: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Ok(status) => {
+            println!("{status}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("project-watcher: {e}");
+            ExitCode::from(1)
+        }
+    }
 }

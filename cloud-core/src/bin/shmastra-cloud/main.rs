@@ -1,5 +1,78 @@
-//! `shmastra-cloud`: the ops binary over cloud-core.
+//! `shmastra-cloud`: the ops binary over cloud-core. It only wires: parse the command line, set
+//! up logging, run one command from the library, report the outcome and its exit code.
 
-fn main() {
-    std::process::exit(2);
+mod gitlab_commands;
+mod outcome;
+mod token_commands;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use outcome::Outcome;
+
+#[derive(Parser)]
+#[command(
+    name = "shmastra-cloud",
+    version,
+    about = "Operations for project persistence: GitLab provisioning and project tokens"
+)]
+struct Cli {
+    /// Print the result (or the error) as one JSON object on stdout, for scripts.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// GitLab: reads GITLAB_SERVICE_TOKEN, GITLAB_GROUP_ID, GITLAB_API_URL.
+    #[command(subcommand)]
+    Gitlab(GitlabCommand),
+    /// Project tokens: reads SHMASTRA_TOKEN_SECRET.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Subcommand)]
+enum GitlabCommand {
+    /// Smoke test: can the service account see the group?
+    Check,
+    /// Make sure a user's project exists (idempotent) and print it.
+    EnsureProject {
+        #[arg(long)]
+        user: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Print the user's PROJECT_TOKEN alone on stdout.
+    Mint {
+        #[arg(long)]
+        user: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let outcome: Outcome = match cli.command {
+        Command::Gitlab(GitlabCommand::Check) => gitlab_commands::check().await,
+        Command::Gitlab(GitlabCommand::EnsureProject { user }) => {
+            gitlab_commands::ensure_project(&user).await
+        }
+        Command::Token(TokenCommand::Mint { user }) => token_commands::mint(&user),
+    };
+    outcome::report(outcome, cli.json)
 }

@@ -1,0 +1,687 @@
+//! The GitLab REST client: the smoke test (`check`) and one private project per user
+//! (`ensure_user_project`), with retries for 429/5xx and a latch that stops sending credentials
+//! GitLab has rejected (GitLab bans an IP after repeated failed authentications).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, StatusCode, Url};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use tokio::sync::OnceCell;
+
+use crate::config::Config;
+use crate::user::UserId;
+
+/// Longest part of a GitLab response body quoted in an error.
+const MAX_QUOTED_BODY: usize = 300;
+
+/// A GitLab group, as `GET /groups/:id` describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    pub id: u64,
+    pub name: String,
+    pub path: String,
+    pub full_path: String,
+    #[serde(default)]
+    pub web_url: String,
+}
+
+/// A GitLab project, as `GET /projects/:id` and `POST /projects` describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Project {
+    pub id: u64,
+    pub path_with_namespace: String,
+    /// The HTTP clone URL; git traffic goes here with the service token as the password.
+    pub http_url_to_repo: String,
+}
+
+/// What went wrong talking to GitLab, sorted by what the caller does about it.
+#[derive(Debug, thiserror::Error)]
+pub enum GitLabError {
+    // A person must fix the setup; retrying cannot help.
+    #[error(
+        "GitLab at {api_url} rejected the service token (401): it is wrong, expired or revoked; set a valid GITLAB_SERVICE_TOKEN with the `api` scope (this process sends it no more: repeated failed logins get the IP banned)"
+    )]
+    Unauthorized { api_url: String },
+    #[error(
+        "group {group_id} is not visible at {api_url} (404): the service account is not a member of the group; add it to the group as Maintainer (or fix GITLAB_GROUP_ID)"
+    )]
+    GroupNotFound { group_id: u64, api_url: String },
+    #[error(
+        "GitLab refused {what} (403): the service account needs the Maintainer role in group {group_id} and a token with the `api` scope; GitLab said: {body}"
+    )]
+    Forbidden {
+        what: String,
+        group_id: u64,
+        body: String,
+    },
+    #[error(
+        "the service account cannot create projects in group {group_path} (id {group_id}): GitLab answered that the namespace is not valid; give the account the Maintainer role in the group (or let Developers create projects)"
+    )]
+    CannotCreateProjects { group_id: u64, group_path: String },
+    #[error(
+        "project path {path} is taken, but the project cannot be read (pending deletion, or a name clash): GitLab said: {body}"
+    )]
+    PathTaken { path: String, body: String },
+    #[error("GITLAB_SERVICE_TOKEN contains characters that cannot be sent in an HTTP header")]
+    InvalidServiceToken,
+    #[error(
+        "{what}: GitLab redirected to {location}; set GITLAB_API_URL to the API root it redirects to"
+    )]
+    Redirected { what: String, location: String },
+
+    // Transient: the caller may try again later.
+    #[error("{what}: GitLab answered {status} {attempts} times; giving up for now: {body}")]
+    Unavailable {
+        what: String,
+        status: u16,
+        attempts: u32,
+        body: String,
+    },
+    #[error("{what}: no answer from GitLab within {timeout:?} ({attempts} attempts)")]
+    Timeout {
+        what: String,
+        timeout: Duration,
+        attempts: u32,
+    },
+    #[error("{what}: cannot reach GitLab ({attempts} attempts)")]
+    Unreachable {
+        what: String,
+        attempts: u32,
+        #[source]
+        source: reqwest::Error,
+    },
+
+    // GitLab answered something this client does not understand.
+    #[error("{what}: GitLab answered {status}: {body}")]
+    Unexpected {
+        what: String,
+        status: u16,
+        body: String,
+    },
+    #[error("{what}: GitLab's answer is not the expected JSON: {reason}")]
+    BadResponse { what: String, reason: String },
+    #[error("cannot build the HTTP client")]
+    Client(#[source] reqwest::Error),
+}
+
+impl GitLabError {
+    /// Whether the same call may succeed later without anyone changing the setup.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            GitLabError::Unavailable { .. }
+                | GitLabError::Timeout { .. }
+                | GitLabError::Unreachable { .. }
+        )
+    }
+}
+
+/// How often and how long to retry a 429, a 5xx, a timeout or a refused connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts per call, the first one included.
+    pub max_attempts: u32,
+    /// The wait after the first failure; it doubles with every further failure.
+    pub initial_backoff: Duration,
+    /// The longest wait between two attempts.
+    pub max_backoff: Duration,
+    /// A `Retry-After` longer than this ends the call instead of blocking it.
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(10),
+            max_retry_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `failed + 1` after `failed` failures, or `None` to give up.
+    /// A server's `Retry-After` wins over the backoff: it knows when it will serve again.
+    pub fn delay(&self, failed: u32, retry_after: Option<Duration>) -> Option<Duration> {
+        if failed >= self.max_attempts {
+            return None;
+        }
+        match retry_after {
+            Some(wait) if wait > self.max_retry_after => None,
+            Some(wait) => Some(wait),
+            None => {
+                let doublings = failed.saturating_sub(1).min(20);
+                Some(
+                    self.initial_backoff
+                        .saturating_mul(1 << doublings)
+                        .min(self.max_backoff),
+                )
+            }
+        }
+    }
+}
+
+/// `Retry-After` in delay-seconds form, which GitLab sends; an HTTP date falls back to backoff.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// Why GitLab refused to create a project, read from its validation error body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateRefusal {
+    /// `{"message": {"path": ["has already been taken"], ..}}`: someone created it first.
+    AlreadyTaken,
+    /// `{"message": {"namespace": ["is not valid"]}}`: no right to create in the group.
+    NamespaceNotValid,
+    Other,
+}
+
+/// Classifies a `400` answer to `POST /projects`.
+pub fn classify_create_refusal(body: &str) -> CreateRefusal {
+    let Ok(serde_json::Value::Object(top)) = serde_json::from_str::<serde_json::Value>(body) else {
+        return CreateRefusal::Other;
+    };
+    let Some(serde_json::Value::Object(fields)) = top.get("message") else {
+        return CreateRefusal::Other;
+    };
+    let says = |field: &serde_json::Value, text: &str| match field {
+        serde_json::Value::Array(items) => items
+            .iter()
+            .any(|m| m.as_str().is_some_and(|m| m.contains(text))),
+        serde_json::Value::String(m) => m.contains(text),
+        _ => false,
+    };
+    if fields.iter().any(|(name, msgs)| {
+        matches!(name.as_str(), "path" | "name" | "project_namespace.name")
+            && says(msgs, "has already been taken")
+    }) {
+        return CreateRefusal::AlreadyTaken;
+    }
+    if fields
+        .get("namespace")
+        .is_some_and(|msgs| says(msgs, "is not valid"))
+    {
+        return CreateRefusal::NamespaceNotValid;
+    }
+    CreateRefusal::Other
+}
+
+/// A GitLab REST client bound to one group. Cheap to clone; clones share the rejected-token
+/// latch and the caches.
+#[derive(Clone)]
+pub struct GitLab {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    api_url: Url,
+    group_id: u64,
+    service_token: SecretString,
+    retry: RetryPolicy,
+    timeout: Duration,
+    credentials_rejected: AtomicBool,
+    credentials_accepted: AtomicBool,
+    /// Held by the one request in flight until GitLab has accepted the token once.
+    first_use: tokio::sync::Mutex<()>,
+    group: OnceCell<Group>,
+    projects: Mutex<HashMap<UserId, Project>>,
+}
+
+/// One answer from GitLab that was neither a 401 nor a retryable failure.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl GitLab {
+    /// A client for the group in `config`, with the default retry policy.
+    pub fn new(config: &Config) -> Result<GitLab, GitLabError> {
+        GitLab::with_retry_policy(config, RetryPolicy::default())
+    }
+
+    /// A client with an explicit retry policy.
+    pub fn with_retry_policy(config: &Config, retry: RetryPolicy) -> Result<GitLab, GitLabError> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("shmastra-cloud/", env!("CARGO_PKG_VERSION")))
+            .timeout(config.request_timeout)
+            .connect_timeout(config.request_timeout)
+            // A redirect could carry PRIVATE-TOKEN to another host; refuse and explain instead.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(GitLabError::Client)?;
+        Ok(GitLab {
+            inner: Arc::new(Inner {
+                http,
+                api_url: config.api_url.clone(),
+                group_id: config.group_id,
+                service_token: config.service_token.clone(),
+                retry,
+                timeout: config.request_timeout,
+                credentials_rejected: AtomicBool::new(false),
+                credentials_accepted: AtomicBool::new(false),
+                first_use: tokio::sync::Mutex::new(()),
+                group: OnceCell::new(),
+                projects: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The API root this client talks to.
+    pub fn api_url(&self) -> &Url {
+        &self.inner.api_url
+    }
+
+    /// The smoke test: `GET /groups/:id`. Returns the group, or a diagnosis a person can act on.
+    pub async fn check(&self) -> Result<Group, GitLabError> {
+        let group_id = self.inner.group_id;
+        let mut url = self.endpoint(&["groups", &group_id.to_string()]);
+        // Older GitLab versions list every project of the group unless told not to.
+        url.set_query(Some("with_projects=false"));
+        let answer = self.send(Method::GET, url, None).await?;
+        match answer.status {
+            StatusCode::OK => {
+                let group: Group = parse_json("GET group", &answer.body)?;
+                tracing::debug!(group_id, full_path = %group.full_path, "GitLab group is reachable");
+                Ok(group)
+            }
+            StatusCode::NOT_FOUND => Err(GitLabError::GroupNotFound {
+                group_id,
+                api_url: self.inner.api_url.to_string(),
+            }),
+            StatusCode::FORBIDDEN => Err(GitLabError::Forbidden {
+                what: format!("GET /groups/{group_id}"),
+                group_id,
+                body: quote(&answer.body),
+            }),
+            _ => Err(self.unexpected(format!("GET /groups/{group_id}"), &answer)),
+        }
+    }
+
+    /// Makes sure `user` has a private project in the group and returns it. Idempotent and safe
+    /// to race: a concurrent create answered with "has already been taken" counts as found.
+    pub async fn ensure_user_project(&self, user: &UserId) -> Result<Project, GitLabError> {
+        let group = self.group().await?;
+        let full_path = format!("{}/{}", group.full_path, user);
+        if let Some(project) = self.find_project(&full_path).await? {
+            tracing::debug!(user = %user, project_id = project.id, "GitLab project exists");
+            return Ok(self.remember(user, project));
+        }
+        let project = self.create_project(&group, user, &full_path).await?;
+        Ok(self.remember(user, project))
+    }
+
+    /// The user's project from this client's cache, else [`GitLab::ensure_user_project`]: the
+    /// cheap way to find where a user's git traffic goes.
+    pub async fn user_project(&self, user: &UserId) -> Result<Project, GitLabError> {
+        if let Some(project) = self.cached(user) {
+            return Ok(project);
+        }
+        self.ensure_user_project(user).await
+    }
+
+    /// Drops the cached project of `user` (e.g. after GitLab answered 404 for its repository).
+    pub fn forget(&self, user: &UserId) {
+        self.inner
+            .projects
+            .lock()
+            .expect("project cache lock")
+            .remove(user);
+    }
+
+    fn cached(&self, user: &UserId) -> Option<Project> {
+        self.inner
+            .projects
+            .lock()
+            .expect("project cache lock")
+            .get(user)
+            .cloned()
+    }
+
+    fn remember(&self, user: &UserId, project: Project) -> Project {
+        self.inner
+            .projects
+            .lock()
+            .expect("project cache lock")
+            .insert(user.clone(), project.clone());
+        project
+    }
+
+    async fn group(&self) -> Result<Group, GitLabError> {
+        self.inner
+            .group
+            .get_or_try_init(|| self.check())
+            .await
+            .cloned()
+    }
+
+    async fn find_project(&self, full_path: &str) -> Result<Option<Project>, GitLabError> {
+        let answer = self
+            .send(Method::GET, self.endpoint(&["projects", full_path]), None)
+            .await?;
+        match answer.status {
+            StatusCode::OK => parse_json("GET project", &answer.body).map(Some),
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::FORBIDDEN => Err(GitLabError::Forbidden {
+                what: format!("GET project {full_path}"),
+                group_id: self.inner.group_id,
+                body: quote(&answer.body),
+            }),
+            _ => Err(self.unexpected(format!("GET project {full_path}"), &answer)),
+        }
+    }
+
+    async fn create_project(
+        &self,
+        group: &Group,
+        user: &UserId,
+        full_path: &str,
+    ) -> Result<Project, GitLabError> {
+        let body = serde_json::json!({
+            "name": user.as_str(),
+            "path": user.as_str(),
+            "namespace_id": group.id,
+            "visibility": "private",
+        });
+        let answer = self
+            .send(Method::POST, self.endpoint(&["projects"]), Some(body))
+            .await?;
+        let refused_namespace = || GitLabError::CannotCreateProjects {
+            group_id: group.id,
+            group_path: group.full_path.clone(),
+        };
+        match answer.status {
+            StatusCode::CREATED | StatusCode::OK => {
+                let project: Project = parse_json("POST project", &answer.body)?;
+                tracing::info!(user = %user, project_id = project.id, path = %project.path_with_namespace, "created GitLab project");
+                Ok(project)
+            }
+            StatusCode::BAD_REQUEST => match classify_create_refusal(&answer.body) {
+                CreateRefusal::AlreadyTaken => {
+                    tracing::debug!(user = %user, "project created concurrently; reading it");
+                    self.find_project(full_path)
+                        .await?
+                        .ok_or_else(|| GitLabError::PathTaken {
+                            path: full_path.to_owned(),
+                            body: quote(&answer.body),
+                        })
+                }
+                CreateRefusal::NamespaceNotValid => Err(refused_namespace()),
+                CreateRefusal::Other => {
+                    Err(self.unexpected(format!("POST project {full_path}"), &answer))
+                }
+            },
+            StatusCode::FORBIDDEN => Err(refused_namespace()),
+            StatusCode::NOT_FOUND => Err(GitLabError::GroupNotFound {
+                group_id: group.id,
+                api_url: self.inner.api_url.to_string(),
+            }),
+            _ => Err(self.unexpected(format!("POST project {full_path}"), &answer)),
+        }
+    }
+
+    /// `api_url` plus path segments, each percent-encoded (so `group/user` becomes
+    /// `group%2Fuser`, the form GitLab wants for a project path).
+    fn endpoint(&self, segments: &[&str]) -> Url {
+        let mut url = self.inner.api_url.clone();
+        url.path_segments_mut()
+            .expect("the API URL was validated as a base")
+            .pop_if_empty()
+            .extend(segments);
+        url
+    }
+
+    fn unexpected(&self, what: String, answer: &Answer) -> GitLabError {
+        if answer.status.is_redirection() {
+            let location = answer
+                .headers
+                .get(reqwest::header::LOCATION)
+                .and_then(|l| l.to_str().ok())
+                .unwrap_or("(no Location)")
+                .to_owned();
+            return GitLabError::Redirected { what, location };
+        }
+        GitLabError::Unexpected {
+            what,
+            status: answer.status.as_u16(),
+            body: quote(&answer.body),
+        }
+    }
+
+    /// Sends one request, retrying what may pass later. A 401 trips the latch: from then on no
+    /// request carries the rejected token.
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<serde_json::Value>,
+    ) -> Result<Answer, GitLabError> {
+        let inner = &self.inner;
+        let what = format!("{method} {url}");
+        let unauthorized = || GitLabError::Unauthorized {
+            api_url: inner.api_url.to_string(),
+        };
+        let mut token = HeaderValue::from_str(inner.service_token.expose_secret())
+            .map_err(|_| GitLabError::InvalidServiceToken)?;
+        token.set_sensitive(true);
+        // Until GitLab has accepted the token once, requests go one at a time: a wrong token is
+        // then sent once even when many callers start together.
+        let _first_use = if inner.credentials_accepted.load(Ordering::SeqCst) {
+            None
+        } else {
+            Some(inner.first_use.lock().await)
+        };
+        let mut failed = 0;
+        loop {
+            if inner.credentials_rejected.load(Ordering::SeqCst) {
+                return Err(unauthorized());
+            }
+            let mut request = inner
+                .http
+                .request(method.clone(), url.clone())
+                .header("PRIVATE-TOKEN", token.clone());
+            if let Some(body) = &body {
+                request = request.json(body);
+            }
+            failed += 1;
+            let (failure, retry_after) = match send_once(request).await {
+                Ok(answer) if answer.status == StatusCode::UNAUTHORIZED => {
+                    inner.credentials_rejected.store(true, Ordering::SeqCst);
+                    tracing::error!(api_url = %inner.api_url, "GitLab rejected the service token; not sending it again");
+                    return Err(unauthorized());
+                }
+                Ok(answer)
+                    if answer.status == StatusCode::TOO_MANY_REQUESTS
+                        || answer.status.is_server_error() =>
+                {
+                    let retry_after = answer
+                        .headers
+                        .get(RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(parse_retry_after);
+                    let failure = GitLabError::Unavailable {
+                        what: what.clone(),
+                        status: answer.status.as_u16(),
+                        attempts: failed,
+                        body: quote(&answer.body),
+                    };
+                    (failure, retry_after)
+                }
+                Ok(answer) => {
+                    inner.credentials_accepted.store(true, Ordering::SeqCst);
+                    return Ok(answer);
+                }
+                Err(e) if e.is_timeout() => {
+                    let failure = GitLabError::Timeout {
+                        what: what.clone(),
+                        timeout: inner.timeout,
+                        attempts: failed,
+                    };
+                    (failure, None)
+                }
+                Err(e) if e.is_builder() => return Err(GitLabError::Client(e)),
+                Err(e) => {
+                    let failure = GitLabError::Unreachable {
+                        what: what.clone(),
+                        attempts: failed,
+                        source: e.without_url(),
+                    };
+                    (failure, None)
+                }
+            };
+            match inner.retry.delay(failed, retry_after) {
+                Some(wait) => {
+                    tracing::warn!(error = %with_causes(&failure), retry_in = ?wait, "GitLab request failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                None => return Err(failure),
+            }
+        }
+    }
+}
+
+async fn send_once(request: reqwest::RequestBuilder) -> Result<Answer, reqwest::Error> {
+    let response = request.send().await?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.text().await?;
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(what: &str, body: &str) -> Result<T, GitLabError> {
+    serde_json::from_str(body).map_err(|e| GitLabError::BadResponse {
+        what: what.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// `error` and its causes on one line, as a log field.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
+}
+
+/// A response body cut to a length that fits in one error line.
+fn quote(body: &str) -> String {
+    let body = body.trim();
+    match body.char_indices().nth(MAX_QUOTED_BODY) {
+        Some((cut, _)) => format!("{}...", &body[..cut]),
+        None => body.to_owned(),
+    }
+}
+
+impl std::fmt::Debug for GitLab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitLab")
+            .field("api_url", &self.inner.api_url.as_str())
+            .field("group_id", &self.inner.group_id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays() {
+        let policy = RetryPolicy::default();
+        let ms = Duration::from_millis;
+        let check = |failed, retry_after, expected| {
+            assert_eq!(
+                policy.delay(failed, retry_after),
+                expected,
+                "{failed} {retry_after:?}"
+            )
+        };
+        check(1, None, Some(ms(500)));
+        check(2, None, Some(ms(1000)));
+        check(3, None, Some(ms(2000)));
+        check(4, None, None);
+        check(1, Some(ms(7000)), Some(ms(7000)));
+        check(1, Some(Duration::from_secs(61)), None);
+        check(4, Some(ms(1000)), None);
+        let long = RetryPolicy {
+            max_attempts: 100,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(long.delay(60, None), Some(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        assert_eq!(parse_retry_after("30"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_retry_after(" 0 "), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(parse_retry_after("-1"), None);
+    }
+
+    #[test]
+    fn create_refusals() {
+        let check =
+            |body: &str, expected| assert_eq!(classify_create_refusal(body), expected, "{body}");
+        check(
+            r#"{"message":{"path":["has already been taken"]}}"#,
+            CreateRefusal::AlreadyTaken,
+        );
+        check(
+            r#"{"message":{"project_namespace.name":["has already been taken"],"name":["has already been taken"],"path":["has already been taken"]}}"#,
+            CreateRefusal::AlreadyTaken,
+        );
+        check(
+            r#"{"message":{"namespace":["is not valid"]}}"#,
+            CreateRefusal::NamespaceNotValid,
+        );
+        check(
+            r#"{"message":{"name":["can contain only letters"]}}"#,
+            CreateRefusal::Other,
+        );
+        check(
+            r#"{"error":"name, path are missing"}"#,
+            CreateRefusal::Other,
+        );
+        check("<html>", CreateRefusal::Other);
+    }
+
+    #[test]
+    fn endpoints_keep_the_api_root_and_encode_project_paths() {
+        let check = |api_url: &str, segments: &[&str], expected: &str| {
+            let config = Config::new(api_url, 7, SecretString::from("t")).unwrap();
+            let gitlab = GitLab::new(&config).unwrap();
+            assert_eq!(gitlab.endpoint(segments).as_str(), expected);
+        };
+        check(
+            "https://gitlab.com/api/v4",
+            &["groups", "7"],
+            "https://gitlab.com/api/v4/groups/7",
+        );
+        check(
+            "https://git.example.com/gitlab/api/v4/",
+            &["projects", "team/sub/alice"],
+            "https://git.example.com/gitlab/api/v4/projects/team%2Fsub%2Falice",
+        );
+    }
+
+    #[test]
+    fn quoted_bodies_are_cut() {
+        assert_eq!(quote("  short \n"), "short");
+        assert_eq!(quote(&"é".repeat(400)).chars().count(), MAX_QUOTED_BODY + 3);
+    }
+}

@@ -1,0 +1,447 @@
+//! Secret values and the restore form: validate what a user submits against the manifest
+//! (reporting every problem at once) and render the `.env` file that `dotenvy` reads back
+//! exactly. Values are redacted in `Debug`/`Display` and zeroed when dropped.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use zeroize::Zeroizing;
+
+use crate::manifest::Manifest;
+
+/// Largest accepted value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+/// Largest accepted form, all values together, in bytes.
+pub const MAX_TOTAL_BYTES: usize = 1024 * 1024;
+
+/// A secret value. `Debug` and `Display` print `[redacted]`; the memory is zeroed on drop.
+///
+/// `Zeroizing<String>` rather than `secrecy::SecretString`: it keeps the `String`'s own buffer
+/// (no shrinking copy left behind unzeroed) and zeroes its whole capacity.
+#[derive(Clone)]
+pub struct SecretValue(Zeroizing<String>);
+
+impl SecretValue {
+    pub fn new(value: impl Into<String>) -> SecretValue {
+        SecretValue(Zeroizing::new(value.into()))
+    }
+
+    /// The value itself, for the code that writes `.env` or hands it to a sandbox.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.expose().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.expose().is_empty()
+    }
+}
+
+impl From<String> for SecretValue {
+    fn from(value: String) -> Self {
+        SecretValue::new(value)
+    }
+}
+
+impl From<&str> for SecretValue {
+    fn from(value: &str) -> Self {
+        SecretValue::new(value)
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// One thing wrong with a submitted form. Names only: a value never appears here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FormProblem {
+    Missing { name: String },
+    Unexpected { name: String },
+    Duplicate { name: String },
+    ContainsNul { name: String },
+    TooLarge { name: String, bytes: usize },
+    TotalTooLarge { bytes: usize },
+}
+
+impl fmt::Display for FormProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FormProblem::Missing { name } => write!(f, "{name}: missing (the project needs it)"),
+            FormProblem::Unexpected { name } => {
+                write!(f, "{name:?}: not a variable this project uses")
+            }
+            FormProblem::Duplicate { name } => write!(f, "{name}: submitted more than once"),
+            FormProblem::ContainsNul { name } => write!(f, "{name}: contains a NUL byte"),
+            FormProblem::TooLarge { name, bytes } => {
+                write!(
+                    f,
+                    "{name}: {bytes} bytes, more than the {MAX_VALUE_BYTES} allowed"
+                )
+            }
+            FormProblem::TotalTooLarge { bytes } => {
+                write!(
+                    f,
+                    "all values together are {bytes} bytes, more than the {MAX_TOTAL_BYTES} allowed"
+                )
+            }
+        }
+    }
+}
+
+/// A rejected form, with every problem found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct RestoreFormError {
+    pub problems: Vec<FormProblem>,
+}
+
+impl fmt::Display for RestoreFormError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the secrets form has {} problem(s): ",
+            self.problems.len()
+        )?;
+        for (i, problem) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A validated form: exactly the manifest's names, each with an acceptable value.
+#[derive(Debug, Clone)]
+pub struct RestoreForm {
+    values: BTreeMap<String, SecretValue>,
+}
+
+impl RestoreForm {
+    /// Checks `submitted` against `manifest`: every listed name present, no other name, no
+    /// duplicate, no NUL byte, each value and the whole within the size limits.
+    pub fn validate(
+        manifest: &Manifest,
+        submitted: impl IntoIterator<Item = (String, SecretValue)>,
+    ) -> Result<RestoreForm, RestoreFormError> {
+        let expected: BTreeSet<&str> = manifest.env().iter().map(String::as_str).collect();
+        let mut problems = Vec::new();
+        let mut values = BTreeMap::new();
+        let mut total = 0usize;
+        for (name, value) in submitted {
+            total = total.saturating_add(value.len());
+            if !expected.contains(name.as_str()) {
+                problems.push(FormProblem::Unexpected {
+                    name: name.chars().take(80).collect(),
+                });
+                continue;
+            }
+            if values.contains_key(&name) {
+                if !problems
+                    .iter()
+                    .any(|p| matches!(p, FormProblem::Duplicate { name: n } if *n == name))
+                {
+                    problems.push(FormProblem::Duplicate { name });
+                }
+                continue;
+            }
+            if value.expose().contains('\0') {
+                problems.push(FormProblem::ContainsNul { name: name.clone() });
+            } else if value.len() > MAX_VALUE_BYTES {
+                problems.push(FormProblem::TooLarge {
+                    name: name.clone(),
+                    bytes: value.len(),
+                });
+            }
+            values.insert(name, value);
+        }
+        for name in &expected {
+            if !values.contains_key(*name) {
+                problems.push(FormProblem::Missing {
+                    name: (*name).to_owned(),
+                });
+            }
+        }
+        if total > MAX_TOTAL_BYTES {
+            problems.push(FormProblem::TotalTooLarge { bytes: total });
+        }
+        if problems.is_empty() {
+            tracing::debug!(variables = values.len(), "secrets form accepted");
+            Ok(RestoreForm { values })
+        } else {
+            tracing::info!(problems = problems.len(), "secrets form rejected");
+            Err(RestoreFormError { problems })
+        }
+    }
+
+    /// The value submitted for `name`.
+    pub fn get(&self, name: &str) -> Option<&SecretValue> {
+        self.values.get(name)
+    }
+
+    /// Names and values, sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &SecretValue)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}
+
+/// The `.env` text for `form`, one `NAME=value` line per variable, sorted by name.
+///
+/// Each value is written in single quotes, which `dotenvy` reads literally (`#`, `$`, `"`,
+/// newlines, unicode). The two characters that cannot sit inside them go outside as escapes:
+/// `'` as `\'`, and `\` as `\\` (inside quotes, dotenvy's line splitter would take `\'` for an
+/// escaped quote and run the value into the next line).
+pub fn render_env(form: &RestoreForm) -> SecretValue {
+    // Sized for the worst case (`a'a'...` costs 3 bytes per character) so the buffer never
+    // grows: a reallocation would leave an unzeroed copy of the secrets behind.
+    let capacity = form
+        .iter()
+        .map(|(name, value)| name.len() + 3 * value.len() + 4)
+        .sum();
+    let mut out = String::with_capacity(capacity);
+    for (name, value) in form.iter() {
+        out.push_str(name);
+        out.push('=');
+        push_quoted(&mut out, value.expose());
+        out.push('\n');
+    }
+    debug_assert!(out.len() <= capacity);
+    SecretValue::new(out)
+}
+
+fn push_quoted(out: &mut String, value: &str) {
+    let mut open = false;
+    for c in value.chars() {
+        match c {
+            '\'' | '\\' => {
+                if open {
+                    out.push('\'');
+                    open = false;
+                }
+                out.push('\\');
+                out.push(c);
+            }
+            _ => {
+                if !open {
+                    out.push('\'');
+                    open = true;
+                }
+                out.push(c);
+            }
+        }
+    }
+    if open {
+        out.push('\'');
+    } else if value.is_empty() {
+        out.push_str("''");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn manifest(names: &[&str]) -> Manifest {
+        Manifest::new(names.iter().copied()).unwrap()
+    }
+
+    fn form(pairs: &[(&str, &str)]) -> Vec<(String, SecretValue)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), SecretValue::from(*v)))
+            .collect()
+    }
+
+    fn parse_env(text: &str) -> Vec<(String, String)> {
+        dotenvy::from_read_iter(text.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_else(|e| panic!("dotenvy cannot read {text:?}: {e}"))
+    }
+
+    fn round_trip(values: &[(&str, &str)]) {
+        let names: Vec<&str> = values.iter().map(|(k, _)| *k).collect();
+        let validated = RestoreForm::validate(&manifest(&names), form(values)).unwrap();
+        let env = render_env(&validated);
+        let mut expected: Vec<(String, String)> = values
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        expected.sort();
+        assert_eq!(
+            parse_env(env.expose()),
+            expected,
+            "rendered as {:?}",
+            env.expose()
+        );
+    }
+
+    #[test]
+    fn render_round_trips_awkward_values() {
+        for value in [
+            "",
+            "plain",
+            "with space",
+            " leading and trailing ",
+            "it's",
+            "'",
+            "''",
+            "\\",
+            "ends with backslash\\",
+            "\\'",
+            "'\\",
+            "\"double\" quotes",
+            "# not a comment",
+            "a #hash",
+            "$HOME and ${HOME} and $",
+            "line 1\nline 2\n",
+            "\n",
+            "crlf\r\nend\r",
+            "tab\there",
+            "unicode: ключ 🔑 \u{2028} \u{85}",
+            "=equals=",
+            "export X=1",
+        ] {
+            round_trip(&[("KEY", value)]);
+        }
+        round_trip(&[
+            ("A", "one\nA=two"),
+            ("B", "'\n#"),
+            ("C.d", "x"),
+            ("export", "y"),
+        ]);
+    }
+
+    #[test]
+    fn render_never_outgrows_its_buffer() {
+        for value in ["a'a'a'a", "''''", r"\\\\", r"a\a\", "", "ключ'"] {
+            let validated =
+                RestoreForm::validate(&manifest(&["K"]), form(&[("K", value)])).unwrap();
+            let env = render_env(&validated);
+            assert!(env.expose().len() <= 1 + 3 * value.len() + 4, "{value:?}");
+            round_trip(&[("K", value)]);
+        }
+    }
+
+    #[test]
+    fn render_shape() {
+        let validated =
+            RestoreForm::validate(&manifest(&["B", "A"]), form(&[("A", "x'y"), ("B", "")]))
+                .unwrap();
+        assert_eq!(render_env(&validated).expose(), "A='x'\\''y'\nB=''\n");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let mut submitted = form(&[
+            ("A", "ok"),
+            ("A", "again"),
+            ("C", "nul\0byte"),
+            ("EXTRA", "x"),
+        ]);
+        submitted.push((
+            "D".into(),
+            SecretValue::new("x".repeat(MAX_VALUE_BYTES + 1)),
+        ));
+        let err = RestoreForm::validate(&manifest(&["A", "B", "C", "D"]), submitted).unwrap_err();
+        assert_eq!(
+            err.problems,
+            vec![
+                FormProblem::Duplicate { name: "A".into() },
+                FormProblem::ContainsNul { name: "C".into() },
+                FormProblem::Unexpected {
+                    name: "EXTRA".into()
+                },
+                FormProblem::TooLarge {
+                    name: "D".into(),
+                    bytes: MAX_VALUE_BYTES + 1
+                },
+                FormProblem::Missing { name: "B".into() },
+            ]
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with("the secrets form has 5 problem(s): "),
+            "{text}"
+        );
+        assert!(
+            !text.contains("nul") && !text.contains("again"),
+            "a value leaked: {text}"
+        );
+    }
+
+    #[test]
+    fn total_size_is_limited() {
+        let names: Vec<String> = (0..20).map(|i| format!("K{i}")).collect();
+        let m = Manifest::new(names.clone()).unwrap();
+        let submitted = names
+            .into_iter()
+            .map(|n| (n, SecretValue::new("x".repeat(MAX_VALUE_BYTES))));
+        let err = RestoreForm::validate(&m, submitted).unwrap_err();
+        assert_eq!(
+            err.problems,
+            vec![FormProblem::TotalTooLarge {
+                bytes: 20 * MAX_VALUE_BYTES
+            }]
+        );
+    }
+
+    #[test]
+    fn an_empty_manifest_takes_an_empty_form() {
+        let validated = RestoreForm::validate(&Manifest::default(), Vec::new()).unwrap();
+        assert_eq!(render_env(&validated).expose(), "");
+    }
+
+    #[test]
+    fn values_never_show() {
+        let value = SecretValue::from("hunter2-very-secret");
+        assert_eq!(format!("{value:?} {value}"), "[redacted] [redacted]");
+        let validated =
+            RestoreForm::validate(&manifest(&["PASSWORD"]), vec![("PASSWORD".into(), value)])
+                .unwrap();
+        let shown = format!("{validated:?} {:?}", render_env(&validated));
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("PASSWORD"), "{shown}");
+    }
+
+    fn name_strategy() -> impl Strategy<Value = String> {
+        "[A-Za-z_][A-Za-z0-9_.]{0,12}"
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn render_then_dotenvy_round_trips(
+            vars in prop::collection::btree_map(name_strategy(), "[^\u{0}]{0,40}", 1..6),
+        ) {
+            let submitted: Vec<(String, SecretValue)> = vars.iter().map(|(k, v)| (k.clone(), SecretValue::from(v.as_str()))).collect();
+            let validated = RestoreForm::validate(&Manifest::new(vars.keys().cloned()).unwrap(), submitted).unwrap();
+            let env = render_env(&validated);
+            let parsed: Vec<(String, String)> = dotenvy::from_read_iter(env.expose().as_bytes()).collect::<Result<_, _>>().unwrap();
+            let expected: Vec<(String, String)> = vars.into_iter().collect();
+            prop_assert_eq!(parsed, expected);
+        }
+
+        #[test]
+        fn round_trips_values_made_of_special_characters(value in "['\\\\\"#$ \n\r\t=a{}]{0,30}") {
+            let validated = RestoreForm::validate(&manifest(&["K"]), vec![("K".into(), SecretValue::from(value.as_str()))]).unwrap();
+            let env = render_env(&validated);
+            let parsed: Vec<(String, String)> = dotenvy::from_read_iter(env.expose().as_bytes()).collect::<Result<_, _>>().unwrap();
+            prop_assert_eq!(parsed, vec![("K".to_owned(), value)]);
+        }
+    }
+}

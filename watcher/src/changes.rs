@@ -1,0 +1,78 @@
+//! What flows from the watch stage through the debounce to the stage: the paths that may
+//! have changed, the directories to scan again, and whether `.env` changed.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Paths are relative to the working tree; the empty path is the whole tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Files, symlinks or directories that may have been created, edited or removed.
+    pub paths: BTreeSet<PathBuf>,
+    /// Directories whose whole content must be compared with the index (new directories,
+    /// `.gitignore` edits, rescans).
+    pub subtrees: BTreeSet<PathBuf>,
+    /// `.env` changed, so the manifest may have to be rewritten.
+    pub env_changed: bool,
+}
+
+impl Changes {
+    /// A full pass: everything is compared again (start-up, overflow, shutdown).
+    pub fn everything() -> Self {
+        Self {
+            subtrees: BTreeSet::from([PathBuf::new()]),
+            env_changed: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty() && self.subtrees.is_empty() && !self.env_changed
+    }
+
+    pub fn merge(&mut self, other: Changes) {
+        self.paths.extend(other.paths);
+        self.subtrees.extend(other.subtrees);
+        self.env_changed |= other.env_changed;
+    }
+
+    /// The subtrees to scan with none inside another, and the paths no subtree covers.
+    pub fn minimal(&self) -> (Vec<&Path>, Vec<&Path>) {
+        let mut subtrees: Vec<&Path> = Vec::new();
+        for dir in &self.subtrees {
+            // BTreeSet order puts a directory before everything inside it.
+            if !subtrees.iter().any(|s| dir.starts_with(s)) {
+                subtrees.push(dir);
+            }
+        }
+        let paths = self
+            .paths
+            .iter()
+            .filter(|p| !subtrees.iter().any(|s| p.starts_with(s)))
+            .map(PathBuf::as_path)
+            .collect();
+        (subtrees, paths)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_drops_what_a_subtree_covers() {
+        let mut c = Changes::default();
+        for p in ["a/x", "b/y", "ab"] {
+            c.paths.insert(p.into());
+        }
+        for s in ["a", "a/deep", "c"] {
+            c.subtrees.insert(s.into());
+        }
+        let (subtrees, paths) = c.minimal();
+        assert_eq!(subtrees, [Path::new("a"), Path::new("c")]);
+        assert_eq!(paths, [Path::new("ab"), Path::new("b/y")]);
+        let everything = Changes::everything();
+        let (subtrees, _) = everything.minimal();
+        assert_eq!(subtrees, [Path::new("")]);
+    }
+}

@@ -1,0 +1,338 @@
+//! The watch stage: one non-recursive inotify watch per kept directory, turned into
+//! [`Changes`] for the debounce.
+//!
+//! Ignored directories are never watched, so `npm install` into `node_modules` costs nothing.
+//! A new directory is watched first and scanned after (by the stage), so a file created in it
+//! before the watch is not missed. A queue overflow, a full channel or an unexpected error
+//! asks for a full rescan: a change may be seen twice, never lost. When the kernel runs out
+//! of watches, the directories left over are rescanned periodically instead.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use notify::event::EventKind;
+use notify::{Event, INotifyWatcher, RecursiveMode, Watcher};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::changes::Changes;
+use crate::filter::{ENV_FILE, Filter, RulesFile};
+use crate::scan;
+
+/// Raw events buffered between the inotify thread and this stage; when full, a rescan.
+const RAW_CAPACITY: usize = 4096;
+/// How often directories that could not be watched are scanned instead.
+pub const UNWATCHED_RESCAN_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("cannot start inotify: {0}")]
+    Start(notify::Error),
+}
+
+pub struct TreeWatcher {
+    workdir: PathBuf,
+    git_dir: PathBuf,
+    filter: Arc<RwLock<Filter>>,
+    watcher: INotifyWatcher,
+    raw: mpsc::Receiver<notify::Result<Event>>,
+    overflowed: Arc<AtomicBool>,
+    /// Kept directories with a live watch, relative to the working tree.
+    watched: BTreeSet<PathBuf>,
+    /// Kept directories the kernel refused a watch for.
+    unwatched: BTreeSet<PathBuf>,
+    limit_reported: bool,
+    problems: watch::Sender<Option<String>>,
+}
+
+impl TreeWatcher {
+    /// Watches every kept directory (loading the ignore rules on the way down) plus the
+    /// repository's exclude files. Blocking: call it from `spawn_blocking`.
+    pub fn start(
+        workdir: &Path,
+        git_dir: &Path,
+        filter: Arc<RwLock<Filter>>,
+        problems: watch::Sender<Option<String>>,
+    ) -> Result<Self, WatchError> {
+        let (tx, raw) = mpsc::channel(RAW_CAPACITY);
+        let overflowed = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&overflowed);
+        let watcher = INotifyWatcher::new(
+            move |event: notify::Result<Event>| {
+                if let Ok(e) = &event
+                    && matches!(e.kind, EventKind::Access(_))
+                {
+                    return;
+                }
+                if tx.try_send(event).is_err() {
+                    flag.store(true, Ordering::SeqCst);
+                }
+            },
+            notify::Config::default(),
+        )
+        .map_err(WatchError::Start)?;
+        let mut this = Self {
+            workdir: workdir.to_owned(),
+            git_dir: git_dir.to_owned(),
+            filter,
+            watcher,
+            raw,
+            overflowed,
+            watched: BTreeSet::new(),
+            unwatched: BTreeSet::new(),
+            limit_reported: false,
+            problems,
+        };
+        this.watch_rule_files();
+        this.reconcile(Path::new(""));
+        Ok(this)
+    }
+
+    /// How many directories have a watch (not counting the rule files').
+    pub fn watched_dirs(&self) -> usize {
+        self.watched.len()
+    }
+
+    /// Forwards changes until `stop` fires or `out` closes, then drops every watch.
+    pub async fn run(mut self, out: mpsc::Sender<Changes>, mut stop: oneshot::Receiver<()>) {
+        let mut rescan = tokio::time::interval(UNWATCHED_RESCAN_EVERY);
+        rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        rescan.reset();
+        loop {
+            let mut changes = Changes::default();
+            tokio::select! {
+                _ = &mut stop => return,
+                event = self.raw.recv() => {
+                    let Some(event) = event else { return };
+                    self.handle(event, &mut changes);
+                    while let Ok(event) = self.raw.try_recv() {
+                        self.handle(event, &mut changes);
+                    }
+                }
+                _ = rescan.tick(), if !self.unwatched.is_empty() => {
+                    let dirs = std::mem::take(&mut self.unwatched);
+                    for dir in dirs {
+                        self.reconcile(&dir);
+                        changes.subtrees.insert(dir);
+                    }
+                }
+            }
+            if self.overflowed.swap(false, Ordering::SeqCst) {
+                tracing::warn!("too many events at once; rescanning the whole project");
+                self.rescan_all(&mut changes);
+            }
+            if !changes.is_empty() && out.send(changes).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn handle(&mut self, event: notify::Result<Event>, changes: &mut Changes) {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
+                    self.watch_limit_reached(e.paths.first().map(PathBuf::as_path));
+                } else {
+                    tracing::warn!("file watching reported a problem, rescanning: {e}");
+                    self.rescan_all(changes);
+                }
+                return;
+            }
+        };
+        if event.need_rescan() {
+            tracing::warn!("the kernel dropped file events; rescanning the whole project");
+            return self.rescan_all(changes);
+        }
+        if matches!(event.kind, EventKind::Access(_)) {
+            return;
+        }
+        for path in &event.paths {
+            self.handle_path(path, changes);
+        }
+    }
+
+    fn handle_path(&mut self, abs: &Path, changes: &mut Changes) {
+        let rel = abs.strip_prefix(&self.workdir).ok();
+        let rules = self.read_filter().rules_file(rel, abs);
+        match rules {
+            Some(RulesFile::Repo) => {
+                let warnings = self.write_filter().reload_repo_rules();
+                report_rule_warnings(&warnings);
+                self.watch_rule_files();
+                return self.rescan_all(changes);
+            }
+            Some(RulesFile::Dir(dir)) => {
+                if self.watched.contains(&dir) || self.unwatched.contains(&dir) {
+                    self.reconcile(&dir);
+                    changes.subtrees.insert(dir);
+                }
+                return;
+            }
+            None => {}
+        }
+        let Some(rel) = rel else { return };
+        if rel.starts_with(".git") {
+            return;
+        }
+        if rel == Path::new(ENV_FILE) {
+            changes.env_changed = true;
+            return;
+        }
+        let meta = std::fs::symlink_metadata(abs).ok();
+        let is_dir = meta.as_ref().is_some_and(|m| m.is_dir());
+        let was_watched = self.watched.contains(rel);
+        let kept = self.read_filter().is_kept(rel, is_dir || was_watched);
+        if is_dir && kept && !scan::is_nested_repo(abs) {
+            if !was_watched {
+                self.reconcile(rel);
+                changes.subtrees.insert(rel.to_owned());
+            }
+            return;
+        }
+        if was_watched || meta.is_none() {
+            self.forget_below(rel);
+        }
+        if kept {
+            changes.paths.insert(rel.to_owned());
+        }
+    }
+
+    /// Re-reads rules and watches every kept directory again, then asks for a full pass.
+    fn rescan_all(&mut self, changes: &mut Changes) {
+        let warnings = self.write_filter().reload_repo_rules();
+        report_rule_warnings(&warnings);
+        self.reconcile(Path::new(""));
+        changes.merge(Changes::everything());
+    }
+
+    /// Makes the watches under `dir` exactly its kept directories, loading their rules.
+    /// Each directory is watched before it is read, so nothing created meanwhile is missed.
+    fn reconcile(&mut self, dir: &Path) {
+        let mut warnings = Vec::new();
+        let filter = Arc::clone(&self.filter);
+        let mut filter = filter.write().unwrap_or_else(|e| e.into_inner());
+        let mut limit_hit = None;
+        let kept = scan::kept_dirs(&self.workdir, dir, &mut filter, &mut warnings, |rel| {
+            if self.watched.contains(rel) {
+                return;
+            }
+            self.unwatched.remove(rel);
+            match self
+                .watcher
+                .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive)
+            {
+                Ok(()) => {
+                    self.watched.insert(rel.to_owned());
+                }
+                Err(e) if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) => {
+                    self.unwatched.insert(rel.to_owned());
+                    limit_hit.get_or_insert_with(|| rel.to_owned());
+                }
+                Err(e) if matches!(e.kind, notify::ErrorKind::PathNotFound) => {}
+                Err(e) => {
+                    tracing::warn!(dir = %rel.display(), "cannot watch directory, it is rescanned periodically instead: {e}");
+                    self.unwatched.insert(rel.to_owned());
+                }
+            }
+        });
+        let kept: BTreeSet<PathBuf> = kept.into_iter().collect();
+        let gone: Vec<PathBuf> = self
+            .watched
+            .iter()
+            .chain(self.unwatched.iter())
+            .filter(|w| under(w, dir) && !kept.contains(*w))
+            .cloned()
+            .collect();
+        for path in gone {
+            self.unwatch(&path);
+            filter.forget_below(&path);
+        }
+        drop(filter);
+        report_rule_warnings(&warnings);
+        if let Some(first) = limit_hit {
+            self.watch_limit_reached(Some(&self.workdir.join(first)));
+        }
+    }
+
+    /// A directory that was removed, renamed away or became ignored: drop its watches and
+    /// those of everything under it (inotify already dropped the ones of removed inodes).
+    fn forget_below(&mut self, rel: &Path) {
+        let below: Vec<PathBuf> = self
+            .watched
+            .iter()
+            .chain(self.unwatched.iter())
+            .filter(|w| w.starts_with(rel))
+            .cloned()
+            .collect();
+        for path in below {
+            self.unwatch(&path);
+        }
+        self.write_filter().forget_below(rel);
+    }
+
+    fn unwatch(&mut self, rel: &Path) {
+        if self.watched.remove(rel) {
+            let _ = self.watcher.unwatch(&self.workdir.join(rel));
+        }
+        self.unwatched.remove(rel);
+    }
+
+    /// `.git/info` (for `exclude`) and `core.excludesFile`: a change re-reads the rules.
+    fn watch_rule_files(&mut self) {
+        let info = self.git_dir.join("info");
+        let excludes = self.read_filter().excludes_file().map(Path::to_owned);
+        for path in std::iter::once(info).chain(excludes) {
+            if path.exists() {
+                let _ = self.watcher.unwatch(&path);
+                if let Err(e) = self.watcher.watch(&path, RecursiveMode::NonRecursive) {
+                    tracing::warn!(path = %path.display(), "cannot watch ignore rules file; edits to it apply at the next rescan: {e}");
+                }
+            }
+        }
+    }
+
+    fn watch_limit_reached(&mut self, at: Option<&Path>) {
+        if let Some(path) = at
+            && let Ok(rel) = path.strip_prefix(&self.workdir)
+            && !self.watched.contains(rel)
+        {
+            self.unwatched.insert(rel.to_owned());
+        }
+        if self.limit_reported {
+            return;
+        }
+        self.limit_reported = true;
+        let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".to_owned());
+        let message = format!(
+            "the kernel's inotify watch limit (fs.inotify.max_user_watches = {limit}) is reached: \
+             directories without a watch are rescanned every {}s instead; raise the limit \
+             (sysctl fs.inotify.max_user_watches=...) to save changes at once",
+            UNWATCHED_RESCAN_EVERY.as_secs()
+        );
+        tracing::error!("{message}");
+        self.problems.send_replace(Some(message));
+    }
+
+    fn read_filter(&self) -> std::sync::RwLockReadGuard<'_, Filter> {
+        self.filter.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_filter(&self) -> std::sync::RwLockWriteGuard<'_, Filter> {
+        self.filter.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn under(path: &Path, dir: &Path) -> bool {
+    dir.as_os_str().is_empty() || path.starts_with(dir)
+}
+
+pub fn report_rule_warnings(warnings: &[crate::filter::RuleWarning]) {
+    for w in warnings {
+        tracing::warn!("ignore rules: {}", w.0);
+    }
+}
