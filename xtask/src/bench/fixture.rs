@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::git::Git;
 
 /// Bump when the generated content changes, so an old fixture on disk is regenerated.
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 2;
 /// Tracked files per leaf folder and folders per level of `src/`.
 const FILES_PER_DIR: usize = 6;
 const FAN_OUT: usize = 8;
@@ -43,7 +43,7 @@ const PACKAGE_DIRS: [&str; 12] = [
 const PACKAGE_FILES_PER_DIR: usize = 9;
 /// Where a burst installs its packages, so cleaning up after it is one `remove_dir_all` each.
 pub const BURST_PREFIX: &str = "added-";
-pub const ENV_NAMES: [&str; 2] = ["DATABASE_URL", "OPENAI_API_KEY"];
+const ENV_NAMES: [&str; 2] = ["DATABASE_URL", "OPENAI_API_KEY"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Spec {
@@ -277,10 +277,12 @@ fn write_project(project: &Path, spec: Spec) -> Result<()> {
         ".env",
         b"OPENAI_API_KEY=sk-bench-not-a-secret\nDATABASE_URL=postgres://bench@localhost/bench\n",
     )?;
-    let manifest = serde_json::json!({ "version": 1, "env": ENV_NAMES });
-    let mut manifest = serde_json::to_vec_pretty(&manifest)?;
-    manifest.push(b'\n');
-    w.write("shmastra.json", &manifest)?;
+    // Exactly what the watcher writes for this `.env`, so its first save has nothing to do.
+    let names: Vec<String> = ENV_NAMES.iter().map(|n| (*n).to_owned()).collect();
+    w.write(
+        "shmastra.json",
+        project_watcher::manifest::render(&names).as_bytes(),
+    )?;
     w.write(
         "package.json",
         b"{\n  \"name\": \"bench-project\",\n  \"private\": true,\n  \"dependencies\": {\n    \"@mastra/core\": \"*\",\n    \"zod\": \"*\"\n  }\n}\n",

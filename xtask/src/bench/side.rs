@@ -43,6 +43,8 @@ pub struct Programs {
 const READY_DEADLINE: Duration = Duration::from_secs(180);
 const STOP_DEADLINE: Duration = Duration::from_secs(30);
 const BASELINE_READY_LINE: &str = "Watches established.";
+/// The watcher's JSON log line once every watch is set and the first save is done.
+const WATCHER_READY_MESSAGE: &str = r#""message":"ready""#;
 
 pub struct Running {
     pub side: Side,
@@ -136,11 +138,14 @@ impl Running {
         };
         let ready = |line: Option<&str>| match side {
             Side::Baseline => line.is_some_and(|l| l.contains(BASELINE_READY_LINE)),
-            Side::Watcher => watcher_reports_ready(&status_file, pgid),
+            Side::Watcher => {
+                line.is_some_and(|l| l.contains(WATCHER_READY_MESSAGE))
+                    || watcher_reports_ready(&status_file, pgid)
+            }
         };
         loop {
-            // The baseline announces itself on stderr; the watcher's status file is checked on
-            // every line it logs, and every few milliseconds in case it logs nothing.
+            // The baseline announces itself on stderr, the watcher in its log; its status file
+            // (state `idle` with its pid) is checked too, every few milliseconds.
             let line = match lines_rx.recv_timeout(Duration::from_millis(5)) {
                 Ok(line) => Some(line),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
