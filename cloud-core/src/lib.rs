@@ -4,8 +4,13 @@ pub mod config;
 pub mod gitlab;
 pub mod http_backend;
 pub mod manifest;
+pub mod orchestrate;
+pub mod proxy;
+pub mod sandbox;
 pub mod secrets;
+pub mod serve;
 pub mod token;
 pub mod user;
+pub mod webhook;
 
 pub use user::UserId;

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -59,6 +59,9 @@ struct Shared {
     root: PathBuf,
     requests: Mutex<Vec<Recorded>>,
     password: Mutex<Option<String>>,
+    /// The fault the accept loop has put in force (listener dropped or bound again).
+    applied: Mutex<Fault>,
+    applied_changed: Condvar,
 }
 
 /// The running server. Dropping it stops the server.
@@ -77,6 +80,8 @@ impl GitServer {
             root: root.to_owned(),
             requests: Mutex::new(Vec::new()),
             password: Mutex::new(None),
+            applied: Mutex::new(Fault::None),
+            applied_changed: Condvar::new(),
         });
         let (fault, fault_rx) = watch::channel(Fault::None);
         let (stop, stop_rx) = oneshot::channel();
@@ -140,8 +145,21 @@ impl GitServer {
         *self.shared.password.lock().expect("password lock") = Some(password.to_owned());
     }
 
+    /// Switches the fault; when this returns, the server behaves the new way (a refused
+    /// port listens again, a listening one refuses).
     pub fn set_fault(&self, fault: Fault) {
         self.fault.send_replace(fault);
+        let applied = self.shared.applied.lock().expect("fault lock");
+        let (applied, timeout) = self
+            .shared
+            .applied_changed
+            .wait_timeout_while(applied, Duration::from_secs(10), |a| *a != fault)
+            .expect("fault lock");
+        assert!(
+            !timeout.timed_out(),
+            "the git server did not switch to {fault:?} (still {:?})",
+            *applied
+        );
     }
 
     /// Makes pushes to `repo` fail in its `pre-receive` hook, which prints `message`.
@@ -194,8 +212,8 @@ async fn accept_loop(
 ) {
     let mut listener = Some(listener);
     loop {
-        let refusing = *fault.borrow_and_update() == Fault::RefuseConnections;
-        if refusing {
+        let current = *fault.borrow_and_update();
+        if current == Fault::RefuseConnections {
             listener = None;
         } else if listener.is_none() {
             match bind(addr) {
@@ -203,6 +221,8 @@ async fn accept_loop(
                 Err(e) => panic!("git server cannot listen on {addr} again: {e}"),
             }
         }
+        *shared.applied.lock().expect("fault lock") = current;
+        shared.applied_changed.notify_all();
         let Some(active) = listener.as_ref() else {
             if fault.changed().await.is_err() {
                 return;

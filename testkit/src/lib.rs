@@ -3,6 +3,7 @@
 //!
 //! Nothing here is linked into a shipped binary.
 
+pub mod cargo_bin;
 pub mod fake_gitlab;
 pub mod git;
 pub mod git_server;

@@ -327,13 +327,26 @@ impl StatusBook {
         }
     }
 
-    fn push_event(&mut self, event: PushEvent) {
+    fn push_event(&mut self, event: PushEvent, reader: &Repository, config: &Config) {
+        // A push moves refs/remotes/<remote>/<branch>; a divergence fetches the remote tip.
+        let pushed = match &event {
+            PushEvent::Pushed { oid, .. } => Some(Some(*oid)),
+            PushEvent::Diverged { .. } => Some(None),
+            PushEvent::Started | PushEvent::Failed { .. } => None,
+        };
+        if let Some(pushed) = pushed {
+            self.status.unpushed_commits =
+                count_unpushed(reader, &config.remote, &config.branch, pushed);
+        }
         match event {
+            // Diverged stays shown while the commits follow to the recovery branch.
+            PushEvent::Started if self.push_state == Some(State::Diverged) => {}
             PushEvent::Started => self.push_state = Some(State::Pushing),
             PushEvent::Pushed { at, .. } => {
                 self.push_state = None;
                 self.status.last_push_at = Some(status::timestamp(at));
                 self.status.last_push_error = None;
+                self.status.recovery_ref = None;
             }
             PushEvent::Failed { error, retry_in } => {
                 tracing::warn!(retry_in = ?retry_in, "push failed: {error}");
@@ -427,15 +440,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 None => break,
             },
             Some(event) = recv_push(&mut pusher) => {
-                let pushed = match &event {
-                    PushEvent::Pushed { oid, .. } => Some(*oid),
-                    _ => None,
-                };
-                book.push_event(event);
-                if pushed.is_some() {
-                    book.status.unpushed_commits =
-                        count_unpushed(&reader, &config.remote, &config.branch, pushed);
-                }
+                book.push_event(event, &reader, &config);
                 book.write();
                 continue;
             }
@@ -488,11 +493,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
         Err(e) => Err(e),
     };
-    if let Some(p) = pusher {
-        drop(p.events);
+    if let Some(mut p) = pusher {
         p.handle.shutdown(config.shutdown_timeout).await;
+        // The last attempt's result belongs in the status the watcher leaves behind.
+        while let Ok(event) = p.events.try_recv() {
+            book.push_event(event, &reader, &config);
+        }
     }
-    book.push_state = None;
+    if book.push_state != Some(State::Diverged) {
+        book.push_state = None;
+    }
     book.write();
     outcome
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use project_watcher::config::{self, Config, LogFormat};
 use project_watcher::daemon;
+use project_watcher::restore::{self, RestoreSettings, Restored};
+use project_watcher::sync::{self, SyncSettings};
 
 #[derive(Parser)]
 #[command(
@@ -29,6 +31,56 @@ enum Command {
     Once(WatchArgs),
     /// Print what the running watcher is doing.
     Status(StatusArgs),
+    /// Make the working tree exactly the remote branch (a fresh sandbox). Ignored files stay;
+    /// with no remote branch yet (a new user) nothing changes.
+    Restore(RestoreArgs),
+    /// Bring the project to the remote branch after a push from elsewhere: back up unsaved
+    /// work, stop, pull, reinstall dependencies if needed, start.
+    Sync(SyncArgs),
+}
+
+#[derive(Args)]
+struct RestoreArgs {
+    /// The project directory (top of a git working tree).
+    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    dir: PathBuf,
+    /// The remote to restore from.
+    #[arg(long, env = "PROJECT_REMOTE", default_value = config::DEFAULT_REMOTE)]
+    remote: String,
+    /// The branch to restore.
+    #[arg(long, env = "PROJECT_BRANCH", default_value = config::DEFAULT_BRANCH)]
+    branch: String,
+}
+
+impl RestoreArgs {
+    fn into_settings(self) -> RestoreSettings {
+        RestoreSettings {
+            workdir: self.dir,
+            remote: self.remote,
+            branch: self.branch,
+            token: std::env::var("PROJECT_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+        }
+    }
+}
+
+#[derive(Args)]
+struct SyncArgs {
+    #[command(flatten)]
+    restore: RestoreArgs,
+    /// Where a failed step leaves its name and output tail; removed on success.
+    #[arg(long, default_value = sync::DEFAULT_FAILURE_FILE)]
+    failure_file: PathBuf,
+    /// Stops the dev server before the tree changes.
+    #[arg(long)]
+    stop_cmd: Option<String>,
+    /// Installs dependencies (default: the lock file's own manager) when a manifest changed.
+    #[arg(long)]
+    install_cmd: Option<String>,
+    /// Starts the dev server at the end.
+    #[arg(long)]
+    start_cmd: Option<String>,
 }
 
 #[derive(Args)]
@@ -91,6 +143,8 @@ impl WatchArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any thread or network call: every request carries the watcher's User-Agent.
+    project_watcher::transport::init(project_watcher::transport::DEFAULT_NETWORK_TIMEOUT);
     match cli.command {
         Command::Watch(args) => with_config(args, |config| {
             runtime()?.block_on(async {
@@ -102,6 +156,52 @@ fn main() -> ExitCode {
             with_config(args, |config| runtime()?.block_on(daemon::once(config)))
         }
         Command::Status(args) => status(args),
+        Command::Restore(args) => restore_command(args),
+        Command::Sync(args) => sync_command(args),
+    }
+}
+
+fn restore_command(args: RestoreArgs) -> ExitCode {
+    project_watcher::logging::init(LogFormat::Auto);
+    match restore::restore(&args.into_settings()) {
+        Ok(Restored::Commit(commit)) => {
+            tracing::info!(%commit, "restored the working tree");
+            ExitCode::SUCCESS
+        }
+        Ok(Restored::NothingSaved) => {
+            tracing::info!("the remote has no such branch yet: nothing to restore");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(if e.is_configuration() { 2 } else { 1 })
+        }
+    }
+}
+
+fn sync_command(args: SyncArgs) -> ExitCode {
+    project_watcher::logging::init(LogFormat::Auto);
+    let settings = SyncSettings {
+        restore: args.restore.into_settings(),
+        failure_file: args.failure_file,
+        stop_cmd: args.stop_cmd,
+        install_cmd: args.install_cmd,
+        start_cmd: args.start_cmd,
+    };
+    match sync::sync(&settings) {
+        Ok(report) => {
+            tracing::info!(
+                commit = ?report.commit.map(|c| c.to_string()),
+                backup = ?report.backup_ref,
+                installed_with = ?report.installed_with,
+                "sync done"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(if e.configuration { 2 } else { 1 })
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod gitlab_commands;
 mod outcome;
+mod serve_command;
 mod token_commands;
 
 use std::io::IsTerminal;
@@ -34,6 +35,9 @@ enum Command {
     /// Project tokens: reads SHMASTRA_TOKEN_SECRET.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The git proxy (/api/git), the GitLab push webhook (/api/gitlab/webhook) and /healthz.
+    /// Reads SHMASTRA_TOKEN_SECRET, GITLAB_WEBHOOK_SECRET and the GitLab settings.
+    Serve(serve_command::ServeArgs),
 }
 
 #[derive(Subcommand)]
@@ -59,20 +63,28 @@ enum TokenCommand {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    // A server logs what it does (info, one JSON object a line off a terminal); one-shot
+    // commands only warn.
+    let serving = matches!(cli.command, Command::Serve(_));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if serving { "info" } else { "warn" })
+    });
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+        .with_env_filter(filter);
+    if serving && !std::io::stderr().is_terminal() {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     let outcome: Outcome = match cli.command {
         Command::Gitlab(GitlabCommand::Check) => gitlab_commands::check().await,
         Command::Gitlab(GitlabCommand::EnsureProject { user }) => {
             gitlab_commands::ensure_project(&user).await
         }
         Command::Token(TokenCommand::Mint { user }) => token_commands::mint(&user),
+        Command::Serve(args) => serve_command::run(args).await,
     };
     outcome::report(outcome, cli.json)
 }

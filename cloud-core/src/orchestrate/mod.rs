@@ -1,0 +1,606 @@
+//! Orchestration over a [`Sandbox`]: provision the watcher, restore a fresh sandbox, sync a
+//! running one after an external push, pause the watcher around an update, back-fill.
+//!
+//! Everything here talks to the sandbox only through commands and files, so the same code
+//! drives an E2B sandbox in production and a [`crate::sandbox::LocalSandbox`] in tests.
+
+pub mod coalesce;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+
+use crate::UserId;
+use crate::gitlab::{GitLab, GitLabError};
+use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
+use crate::sandbox::{Exec, ExecOutput, Sandbox, SandboxError};
+use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env};
+use crate::token::TokenSigner;
+use coalesce::{Coalescer, Triggered};
+
+/// The name of the git remote the watcher pushes to.
+pub const REMOTE: &str = "project";
+/// The branch that holds the user's project.
+pub const BRANCH: &str = "main";
+/// How many lines of a failed command's output an error carries.
+const TAIL_LINES: usize = 50;
+
+/// Where things are inside a sandbox, and the commands that control its processes. Every
+/// command runs with `sh -c` in the project directory. Relative paths are taken from the
+/// sandbox's home directory.
+#[derive(Debug, Clone)]
+pub struct SandboxLayout {
+    /// The project the watcher saves (`/home/user/shmastra`).
+    pub project_dir: PathBuf,
+    /// The watcher's environment (`PROJECT_TOKEN` and friends), read by the PM2 ecosystem
+    /// file. Named `.env` because it holds a secret, and secrets live only in `.env` files.
+    pub watcher_env_file: PathBuf,
+    /// The `project-watcher` executable.
+    pub watcher_bin: String,
+    pub start_watcher: String,
+    pub stop_watcher: String,
+    /// Exits 0 when the watcher is running.
+    pub watcher_running: String,
+    pub start_dev_server: String,
+    pub stop_dev_server: String,
+    /// Overrides the lock file's own package manager during a sync.
+    pub install_cmd: Option<String>,
+    /// Where `project-watcher sync` leaves the failed step's output.
+    pub failure_file: PathBuf,
+    /// The limit for short commands (git setup, PM2 control).
+    pub command_timeout: Duration,
+    /// The limit for a whole restore or sync, dependency install included.
+    pub sync_timeout: Duration,
+}
+
+impl SandboxLayout {
+    /// The Shmastra sandbox template: the project in `/home/user/shmastra`, PM2 running the
+    /// dev server as `dev-server` and the watcher as `project-watcher`.
+    pub fn shmastra() -> Self {
+        Self {
+            project_dir: "/home/user/shmastra".into(),
+            watcher_env_file: "/home/user/.project-watcher/.env".into(),
+            watcher_bin: "project-watcher".into(),
+            start_watcher: "pm2 start /home/user/ecosystem.config.js --only project-watcher".into(),
+            stop_watcher: "pm2 stop project-watcher".into(),
+            watcher_running: "pm2 pid project-watcher | grep -q '^[1-9]'".into(),
+            start_dev_server: "pm2 start /home/user/ecosystem.config.js --only dev-server".into(),
+            stop_dev_server: "pm2 stop dev-server".into(),
+            install_cmd: None,
+            failure_file: "/tmp/shmastra-sync-failure".into(),
+            command_timeout: Duration::from_secs(60),
+            sync_timeout: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// Where user projects are created. GitLab in production; tests and local setups may use
+/// anything that makes the repository exist.
+pub trait ProjectHost: Send + Sync {
+    fn ensure_project(&self, user: &UserId)
+    -> impl Future<Output = Result<(), GitLabError>> + Send;
+}
+
+impl ProjectHost for GitLab {
+    async fn ensure_project(&self, user: &UserId) -> Result<(), GitLabError> {
+        self.ensure_user_project(user).await.map(|_| ())
+    }
+}
+
+/// What the feature needs when it is on: somewhere to create projects, the token signer, and
+/// the proxy's git URL (`https://cloud.example/api/git`), under which each user's project is
+/// `<git_url>/<user>.git`.
+pub struct Persistence<H> {
+    pub host: H,
+    pub signer: TokenSigner,
+    pub git_url: String,
+}
+
+impl<H> Persistence<H> {
+    fn remote_url(&self, user: &UserId) -> String {
+        format!("{}/{user}.git", self.git_url.trim_end_matches('/'))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OrchestrateError {
+    #[error("cannot create the project of user {user}: {source}")]
+    Host { user: UserId, source: GitLabError },
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("the saved project of user {user} has a bad {MANIFEST_FILE}: {source}")]
+    Manifest { user: UserId, source: ManifestError },
+    #[error(transparent)]
+    Form(#[from] RestoreFormError),
+    #[error("sandbox {sandbox}: {step} failed ({exit}): {tail}")]
+    Command {
+        sandbox: String,
+        step: &'static str,
+        exit: String,
+        tail: String,
+    },
+}
+
+impl OrchestrateError {
+    /// Whether trying again later may succeed without anyone changing the setup.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Host { source, .. } => source.is_transient(),
+            Self::Sandbox(SandboxError::Timeout { .. }) => true,
+            Self::Sandbox(_) | Self::Command { .. } | Self::Manifest { .. } | Self::Form(_) => {
+                false
+            }
+        }
+    }
+}
+
+/// What `provision` changed. All `false`: the sandbox was already provisioned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Provisioned {
+    pub repository_created: bool,
+    pub env_written: bool,
+    pub remote_configured: bool,
+    pub watcher_started: bool,
+}
+
+impl Provisioned {
+    pub fn changed_anything(&self) -> bool {
+        self.repository_created
+            || self.env_written
+            || self.remote_configured
+            || self.watcher_started
+    }
+}
+
+/// A sandbox's state as the workspace page shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxStatus {
+    Syncing,
+    Ready,
+    /// The sync failed; `failure` is the failure file (step, message, output tail).
+    Broken {
+        failure: String,
+    },
+}
+
+/// Where sync status changes go (the cloud's database; a list in tests).
+pub trait StatusSink: Send + Sync {
+    fn set_status(&self, sandbox: &str, status: SandboxStatus);
+}
+
+/// The orchestration entry points. `persistence` is `None` when the feature is off: then
+/// there is no watcher, no remote and no manifest check.
+pub struct Orchestrator<H> {
+    persistence: Option<Persistence<H>>,
+    layout: SandboxLayout,
+    syncs: Coalescer,
+}
+
+impl<H: ProjectHost> Orchestrator<H> {
+    pub fn new(persistence: Option<Persistence<H>>, layout: SandboxLayout) -> Self {
+        Self {
+            persistence,
+            layout,
+            syncs: Coalescer::new(),
+        }
+    }
+
+    pub fn layout(&self) -> &SandboxLayout {
+        &self.layout
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.persistence.is_some()
+    }
+
+    /// Ensures the user's project, writes the watcher's environment, points the `project`
+    /// remote at the proxy and starts the watcher. Running it again changes nothing.
+    /// With the feature off it does nothing.
+    pub async fn provision<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+    ) -> Result<Provisioned, OrchestrateError> {
+        let Some(persistence) = &self.persistence else {
+            return Ok(Provisioned::default());
+        };
+        let mut done = self.prepare(persistence, sandbox, user).await?;
+        let running = self
+            .shell(sandbox, &self.layout.watcher_running)
+            .await?
+            .success();
+        if running && done.env_written {
+            // PM2 reads the environment at start: a new token needs a restart.
+            self.checked(sandbox, "stop the watcher", &self.layout.stop_watcher)
+                .await?;
+        }
+        if !running || done.env_written {
+            self.checked(sandbox, "start the watcher", &self.layout.start_watcher)
+                .await?;
+            done.watcher_started = true;
+        }
+        Ok(done)
+    }
+
+    /// Everything `provision` does except starting the watcher.
+    async fn prepare<S: Sandbox>(
+        &self,
+        persistence: &Persistence<H>,
+        sandbox: &S,
+        user: &UserId,
+    ) -> Result<Provisioned, OrchestrateError> {
+        persistence
+            .host
+            .ensure_project(user)
+            .await
+            .map_err(|source| OrchestrateError::Host {
+                user: user.clone(),
+                source,
+            })?;
+        let mut done = Provisioned::default();
+        let dir = sandbox.home().join(&self.layout.project_dir);
+        let init = Exec::new(
+            "mkdir -p \"$PROJECT_DIR\" && cd \"$PROJECT_DIR\" && if [ -d .git ]; then echo exists; else git init -q -b \"$BRANCH\"; fi",
+            self.layout.command_timeout,
+        )
+        .env("PROJECT_DIR", dir.display().to_string())
+        .env("BRANCH", BRANCH)
+        .cwd("/");
+        done.repository_created = self
+            .expect_ok(sandbox, "create the repository", init)
+            .await?
+            .stdout
+            .trim()
+            != "exists";
+
+        let env = watcher_env(&dir, &persistence.signer.mint(user));
+        let env_file = sandbox.home().join(&self.layout.watcher_env_file);
+        let current = sandbox.read_file(&env_file).await?;
+        if current.as_deref() != Some(env.as_bytes()) {
+            sandbox.write_file(&env_file, env.as_bytes()).await?;
+            done.env_written = true;
+        }
+
+        let url = persistence.remote_url(user);
+        let current = self
+            .in_project(
+                sandbox,
+                Exec::new(
+                    format!("git remote get-url {REMOTE}"),
+                    self.layout.command_timeout,
+                ),
+            )
+            .await?;
+        if !current.success() || current.stdout.trim() != url {
+            let verb = if current.success() { "set-url" } else { "add" };
+            let set = Exec::new(
+                format!("git remote {verb} {REMOTE} \"$REMOTE_URL\""),
+                self.layout.command_timeout,
+            )
+            .env("REMOTE_URL", url);
+            self.expect_ok(sandbox, "configure the project remote", set)
+                .await?;
+            done.remote_configured = true;
+        }
+        Ok(done)
+    }
+
+    /// The first half of restoring a fresh sandbox: sets up the remote and the watcher's
+    /// environment, restores the saved tree (`project-watcher restore`), and reads
+    /// `shmastra.json` from it to learn which secrets the restore form must ask for. The dev
+    /// server and the watcher are not started yet. With the feature off nothing happens and
+    /// no secret is asked for.
+    pub async fn begin_restore<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+    ) -> Result<RestorePlan, OrchestrateError> {
+        let Some(persistence) = &self.persistence else {
+            return Ok(RestorePlan {
+                manifest: Manifest::default(),
+                enabled: false,
+            });
+        };
+        self.prepare(persistence, sandbox, user).await?;
+        if self
+            .shell(sandbox, &self.layout.watcher_running)
+            .await?
+            .success()
+        {
+            // Restoring under a running watcher would save the template over the user's work.
+            self.checked(sandbox, "stop the watcher", &self.layout.stop_watcher)
+                .await?;
+        }
+        let dir = sandbox.home().join(&self.layout.project_dir);
+        let restore = Exec::new(
+            "\"$WATCHER\" restore --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\"",
+            self.layout.sync_timeout,
+        )
+        .env("WATCHER", self.layout.watcher_bin.clone())
+        .env("PROJECT_DIR", dir.display().to_string())
+        .env("REMOTE", REMOTE)
+        .env("BRANCH", BRANCH)
+        .env("PROJECT_TOKEN", persistence.signer.mint(user));
+        self.expect_ok(sandbox, "restore the project", restore)
+            .await?;
+        let manifest = match sandbox.read_file(&dir.join(MANIFEST_FILE)).await? {
+            None => Manifest::default(),
+            Some(bytes) => Manifest::parse(&String::from_utf8_lossy(&bytes)).map_err(|source| {
+                OrchestrateError::Manifest {
+                    user: user.clone(),
+                    source,
+                }
+            })?,
+        };
+        Ok(RestorePlan {
+            manifest,
+            enabled: true,
+        })
+    }
+
+    /// The second half: checks the submitted secrets against the manifest, writes `.env`,
+    /// starts the dev server and then the watcher. A rejected form changes nothing and can be
+    /// submitted again.
+    pub async fn finish_restore<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        plan: &RestorePlan,
+        submitted: impl IntoIterator<Item = (String, SecretValue)>,
+    ) -> Result<(), OrchestrateError> {
+        if plan.enabled {
+            let form = RestoreForm::validate(&plan.manifest, submitted)?;
+            if !plan.manifest.env().is_empty() {
+                let env_file = sandbox.home().join(&self.layout.project_dir).join(".env");
+                sandbox
+                    .write_file(&env_file, render_env(&form).expose().as_bytes())
+                    .await?;
+            }
+        }
+        self.checked(
+            sandbox,
+            "start the dev server",
+            &self.layout.start_dev_server,
+        )
+        .await?;
+        if plan.enabled {
+            self.checked(sandbox, "start the watcher", &self.layout.start_watcher)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Stops the watcher, runs `f`, and starts the watcher again whether `f` succeeded,
+    /// failed or panicked (the panic continues after the restart). A failed restart is
+    /// reported only when `f` itself succeeded, so `f`'s own error is never hidden.
+    pub async fn with_watcher_stopped<S, F, Fut, T, E>(
+        &self,
+        sandbox: &S,
+        f: F,
+    ) -> Result<Result<T, E>, OrchestrateError>
+    where
+        S: Sandbox,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        if self.persistence.is_none() {
+            return Ok(f().await);
+        }
+        self.checked(sandbox, "stop the watcher", &self.layout.stop_watcher)
+            .await?;
+        let outcome = AssertUnwindSafe(f()).catch_unwind().await;
+        let restarted = self
+            .checked(sandbox, "start the watcher", &self.layout.start_watcher)
+            .await;
+        match outcome {
+            Err(panic) => {
+                if let Err(e) = &restarted {
+                    tracing::error!(sandbox = sandbox.id(), error = %e, "watcher restart after a panic failed");
+                }
+                std::panic::resume_unwind(panic)
+            }
+            Ok(Err(e)) => {
+                if let Err(restart) = &restarted {
+                    tracing::error!(sandbox = sandbox.id(), error = %restart, "watcher restart after a failure failed");
+                }
+                Ok(Err(e))
+            }
+            Ok(Ok(v)) => restarted.map(|_| Ok(v)),
+        }
+    }
+
+    /// Brings a running sandbox to the pushed branch: status `syncing`, then `ready`, or
+    /// `broken` with the failure file. Triggers that arrive meanwhile coalesce into one more
+    /// run. With the feature off there is nothing to sync from.
+    pub async fn sync<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+        status: &impl StatusSink,
+    ) -> Triggered {
+        self.syncs
+            .trigger(sandbox.id(), || self.sync_once(sandbox, user, status))
+            .await
+    }
+
+    async fn sync_once<S: Sandbox>(&self, sandbox: &S, user: &UserId, status: &impl StatusSink) {
+        let Some(persistence) = &self.persistence else {
+            return;
+        };
+        status.set_status(sandbox.id(), SandboxStatus::Syncing);
+        let layout = &self.layout;
+        let failure_file = sandbox.home().join(&layout.failure_file);
+        let mut exec = Exec::new(
+            "\"$WATCHER\" sync --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\" --failure-file \"$FAILURE_FILE\" --stop-cmd \"$STOP_CMD\" --start-cmd \"$START_CMD\"${INSTALL_CMD:+ --install-cmd \"$INSTALL_CMD\"}",
+            layout.sync_timeout,
+        )
+        .env("WATCHER", layout.watcher_bin.clone())
+        .env("PROJECT_DIR", sandbox.home().join(&layout.project_dir).display().to_string())
+        .env("REMOTE", REMOTE)
+        .env("BRANCH", BRANCH)
+        .env("FAILURE_FILE", failure_file.display().to_string())
+        .env("STOP_CMD", layout.stop_dev_server.clone())
+        .env("START_CMD", layout.start_dev_server.clone())
+        .env("PROJECT_TOKEN", persistence.signer.mint(user));
+        if let Some(install) = &layout.install_cmd {
+            exec = exec.env("INSTALL_CMD", install.clone());
+        }
+        let result = self.in_project(sandbox, exec).await;
+        let next = match result {
+            Ok(out) if out.success() => SandboxStatus::Ready,
+            Ok(out) => {
+                let failure = match sandbox.read_file(&failure_file).await {
+                    Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+                    _ => format!(
+                        "step: sync\nerror: project-watcher sync exited with {}\n{}",
+                        exit_text(&out),
+                        tail(&out)
+                    ),
+                };
+                SandboxStatus::Broken { failure }
+            }
+            Err(e) => SandboxStatus::Broken {
+                failure: format!("step: sync\nerror: {e}\n"),
+            },
+        };
+        if let SandboxStatus::Broken { failure } = &next {
+            tracing::warn!(sandbox = sandbox.id(), failure = %failure.lines().take(2).collect::<Vec<_>>().join("; "), "sync failed");
+        }
+        status.set_status(sandbox.id(), next);
+    }
+
+    /// Provisions every existing sandbox; one failure does not stop the rest. A second run
+    /// reports every sandbox as already done.
+    pub async fn backfill<S: Sandbox>(&self, sandboxes: &[(UserId, S)]) -> Vec<BackfillEntry> {
+        let mut report = Vec::with_capacity(sandboxes.len());
+        for (user, sandbox) in sandboxes {
+            let outcome = match self.provision(sandbox, user).await {
+                Ok(done) if done.changed_anything() => BackfillOutcome::Provisioned(done),
+                Ok(_) => BackfillOutcome::AlreadyDone,
+                Err(e) => {
+                    tracing::warn!(sandbox = sandbox.id(), user = %user, error = %e, "back-fill failed for this sandbox");
+                    BackfillOutcome::Failed(e.to_string())
+                }
+            };
+            report.push(BackfillEntry {
+                sandbox: sandbox.id().to_owned(),
+                user: user.clone(),
+                outcome,
+            });
+        }
+        report
+    }
+
+    async fn shell<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        command: &str,
+    ) -> Result<ExecOutput, OrchestrateError> {
+        self.in_project(sandbox, Exec::new(command, self.layout.command_timeout))
+            .await
+    }
+
+    async fn checked<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        step: &'static str,
+        command: &str,
+    ) -> Result<ExecOutput, OrchestrateError> {
+        self.expect_ok(
+            sandbox,
+            step,
+            Exec::new(command, self.layout.command_timeout),
+        )
+        .await
+    }
+
+    async fn expect_ok<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        step: &'static str,
+        exec: Exec,
+    ) -> Result<ExecOutput, OrchestrateError> {
+        let out = self.in_project(sandbox, exec).await?;
+        if out.success() {
+            return Ok(out);
+        }
+        Err(OrchestrateError::Command {
+            sandbox: sandbox.id().to_owned(),
+            step,
+            exit: exit_text(&out),
+            tail: tail(&out),
+        })
+    }
+
+    /// Runs in the project directory unless `exec` names another.
+    async fn in_project<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        exec: Exec,
+    ) -> Result<ExecOutput, OrchestrateError> {
+        let exec = match exec.cwd {
+            Some(_) => exec,
+            None => exec.cwd(sandbox.home().join(&self.layout.project_dir)),
+        };
+        Ok(sandbox.exec(&exec).await?)
+    }
+}
+
+/// What the restore form must ask for, between [`Orchestrator::begin_restore`] and
+/// [`Orchestrator::finish_restore`].
+#[derive(Debug, Clone)]
+pub struct RestorePlan {
+    manifest: Manifest,
+    enabled: bool,
+}
+
+impl RestorePlan {
+    /// The names of the secrets to ask for (never their values: those were never saved).
+    /// Empty: no form is needed.
+    pub fn secret_names(&self) -> &[String] {
+        self.manifest.env()
+    }
+}
+
+/// One line of the back-fill report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackfillEntry {
+    pub sandbox: String,
+    pub user: UserId,
+    pub outcome: BackfillOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackfillOutcome {
+    Provisioned(Provisioned),
+    AlreadyDone,
+    Failed(String),
+}
+
+/// The watcher's environment file: what PM2 passes to `project-watcher watch`.
+fn watcher_env(project_dir: &Path, token: &str) -> String {
+    format!(
+        "PROJECT_DIR={}\nPROJECT_REMOTE={REMOTE}\nPROJECT_BRANCH={BRANCH}\nPROJECT_TOKEN={token}\n",
+        project_dir.display()
+    )
+}
+
+fn exit_text(out: &ExecOutput) -> String {
+    match out.exit_code {
+        Some(code) => format!("exit code {code}"),
+        None => "killed by a signal".to_owned(),
+    }
+}
+
+/// The last lines of stderr, or of stdout when stderr is empty.
+fn tail(out: &ExecOutput) -> String {
+    let text = if out.stderr.trim().is_empty() {
+        &out.stdout
+    } else {
+        &out.stderr
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+}

@@ -1,0 +1,251 @@
+//! The git smart-HTTP proxy at `/api/git`: authenticates a project token, forwards to the
+//! token owner's upstream repository with the service credentials, and reports external pushes.
+//!
+//! Mount [`Proxy::router`] with `Router::nest("/api/git", ...)`. Every request passes, in
+//! order: [`route::classify`] (404), the token (401, answered here), the path's repository
+//! name agreeing with the token (403), the size limit (413); only then is the upstream called.
+
+pub mod embedded;
+pub mod events;
+pub mod headers;
+pub mod pkt_line;
+pub mod push_watch;
+pub mod report_status;
+pub mod route;
+pub mod stream;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+
+use crate::UserId;
+use crate::token::TokenSigner;
+use events::{OnExternalPush, RecentPushes};
+use push_watch::PushWatch;
+use route::{Endpoint, Service};
+use upstream::{Upstream, UpstreamError, UpstreamRequest};
+
+pub use events::ExternalPush;
+
+/// Bounds on one proxied request.
+#[derive(Debug, Clone)]
+pub struct ProxyLimits {
+    /// Largest request body (a push's pack); beyond it the request fails with 413.
+    pub max_request_bytes: u64,
+    /// How long the upstream may take to start its response (a push's response starts after
+    /// the whole pack is stored).
+    pub upstream_timeout: Duration,
+    /// Longest silence within a body, either direction.
+    pub idle_timeout: Duration,
+}
+
+impl Default for ProxyLimits {
+    fn default() -> Self {
+        ProxyLimits {
+            max_request_bytes: 1 << 30,
+            upstream_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The proxy's state, shared by every request.
+pub struct Proxy {
+    signer: TokenSigner,
+    upstream: Arc<dyn Upstream>,
+    limits: ProxyLimits,
+    recent: Arc<RecentPushes>,
+    on_external_push: OnExternalPush,
+}
+
+impl Proxy {
+    pub fn new(
+        signer: TokenSigner,
+        upstream: Arc<dyn Upstream>,
+        limits: ProxyLimits,
+        on_external_push: OnExternalPush,
+    ) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            signer,
+            upstream,
+            limits,
+            recent: Arc::default(),
+            on_external_push,
+        })
+    }
+
+    /// Every push the proxy forwarded lately, for the webhook's de-duplication.
+    pub fn recent_pushes(&self) -> Arc<RecentPushes> {
+        self.recent.clone()
+    }
+
+    /// The proxy as a router that handles every path below its mount point.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new().fallback(handle).with_state(Arc::clone(self))
+    }
+}
+
+async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
+    let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let Some(route) = route::classify(&parts.method, parts.uri.path(), parts.uri.query()) else {
+        return answer(StatusCode::NOT_FOUND, "not a git smart-HTTP endpoint");
+    };
+    let Some(user) = authenticate(&proxy.signer, &parts.headers) else {
+        tracing::info!(status = 401, "git request without a valid project token");
+        let mut response = answer(
+            StatusCode::UNAUTHORIZED,
+            "a valid project token is required",
+        );
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"shmastra git\""),
+        );
+        return response;
+    };
+    if !route.names_repo_of(&user) {
+        tracing::warn!(%user, status = 403, "git request naming another user's repository");
+        return answer(
+            StatusCode::FORBIDDEN,
+            "this project token does not grant access to that repository",
+        );
+    }
+    let limit = proxy.limits.max_request_bytes;
+    if content_length(&parts.headers).is_some_and(|len| len > limit) {
+        return too_large(limit);
+    }
+
+    let endpoint = route.endpoint;
+    let watch = (endpoint == Endpoint::Rpc(Service::ReceivePack)).then(|| {
+        let agent = parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        PushWatch::new(
+            user.clone(),
+            agent,
+            proxy.recent.clone(),
+            proxy.on_external_push.clone(),
+        )
+    });
+    let tripped = Arc::new(AtomicBool::new(false));
+    let body = {
+        let idle = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
+        let limited = stream::limited(idle, limit, tripped.clone());
+        match watch.clone() {
+            Some(watch) => Body::from_stream(stream::tapped(limited, move |chunk| {
+                watch.request_chunk(chunk)
+            })),
+            None => Body::from_stream(limited),
+        }
+    };
+    let forwarded = tokio::time::timeout(
+        proxy.limits.upstream_timeout,
+        proxy.upstream.forward(UpstreamRequest {
+            user: user.clone(),
+            endpoint,
+            headers: headers::to_upstream(&parts.headers),
+            body,
+        }),
+    )
+    .await;
+    let service = endpoint.service().name();
+    let endpoint_path = endpoint.service_path();
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let upstream_response = match forwarded {
+        _ if tripped.load(Ordering::SeqCst) => return too_large(limit),
+        Err(_) => Err(UpstreamError::Timeout),
+        Ok(result) => result,
+    };
+    let upstream_response = match upstream_response {
+        Ok(response) => response,
+        Err(error) => {
+            let status = match error {
+                UpstreamError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::BAD_GATEWAY,
+            };
+            tracing::error!(%user, service, endpoint = endpoint_path, status = status.as_u16(), elapsed_ms, %error, "git request failed upstream");
+            return answer(status, &error.to_string());
+        }
+    };
+    let status = upstream_response.status();
+    if matches!(
+        status,
+        StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::PROXY_AUTHENTICATION_REQUIRED
+    ) {
+        tracing::error!(%user, service, upstream_status = status.as_u16(), "upstream rejected the service credentials");
+        return answer(
+            StatusCode::BAD_GATEWAY,
+            "the upstream git server rejected the proxy's service credentials",
+        );
+    }
+    if status.is_server_error() {
+        tracing::error!(%user, service, upstream_status = status.as_u16(), elapsed_ms, "upstream failed");
+        return answer(
+            StatusCode::BAD_GATEWAY,
+            &format!("the upstream git server failed ({status})"),
+        );
+    }
+    tracing::info!(%user, service, endpoint = endpoint_path, status = status.as_u16(), elapsed_ms, "git request forwarded");
+
+    let (upstream_parts, upstream_body) = upstream_response.into_parts();
+    let body_stream =
+        stream::idle_timeout(upstream_body.into_data_stream(), proxy.limits.idle_timeout);
+    let body = match watch {
+        Some(watch) if status.is_success() => {
+            Body::from_stream(stream::tapped(body_stream, watch.response_inspector()))
+        }
+        _ => Body::from_stream(body_stream),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers::to_client(&upstream_parts.headers);
+    response
+}
+
+/// The user whose project token is the basic-auth password. The username is ignored: git
+/// clients put whatever the remote URL says there.
+fn authenticate(signer: &TokenSigner, headers: &HeaderMap) -> Option<UserId> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, encoded) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = STANDARD.decode(encoded.trim()).ok()?;
+    let decoded = std::str::from_utf8(&decoded).ok()?;
+    let (_, password) = decoded.split_once(':')?;
+    signer.verify(password)
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+fn too_large(limit: u64) -> Response {
+    answer(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("the request body exceeds the proxy's limit of {limit} bytes"),
+    )
+}
+
+/// A plain-text answer made by the proxy itself (git prints the body to the user).
+fn answer(status: StatusCode, message: &str) -> Response {
+    (status, format!("{message}\n")).into_response()
+}

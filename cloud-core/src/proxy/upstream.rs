@@ -1,0 +1,161 @@
+//! Where the proxy forwards to: the [`Upstream`] seam, and [`HttpUpstream`], a smart-HTTP git
+//! server reached over the network with the service credentials (GitLab in production).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use futures_util::TryStreamExt;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, Response};
+use secrecy::{ExposeSecret, SecretString};
+
+use super::route::Endpoint;
+use crate::UserId;
+use crate::gitlab::GitLab;
+
+/// One request to forward, already authenticated and stripped of the client's credentials.
+pub struct UpstreamRequest {
+    /// The token's owner: the only input that chooses the repository.
+    pub user: UserId,
+    pub endpoint: Endpoint,
+    /// Already filtered by [`super::headers::to_upstream`].
+    pub headers: HeaderMap,
+    /// Streams; never collected.
+    pub body: Body,
+}
+
+/// Why forwarding failed. The messages go to the client, so they name no secret.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("the upstream git server could not be reached: {0}")]
+    Unreachable(String),
+    #[error("the upstream git server did not answer in time")]
+    Timeout,
+    #[error("the upstream repository for this user could not be prepared: {0}")]
+    Repository(String),
+    #[error("the upstream git server failed: {0}")]
+    Failed(String),
+}
+
+/// A git smart-HTTP server the proxy forwards to.
+pub trait Upstream: Send + Sync + 'static {
+    /// Sends `request` to `request.user`'s repository and returns the response unread, so its
+    /// body streams to the client.
+    fn forward(
+        &self,
+        request: UpstreamRequest,
+    ) -> BoxFuture<'_, Result<Response<Body>, UpstreamError>>;
+}
+
+/// Finds (and if need be creates) the clone URL of a user's repository.
+pub trait RepoLocator: Send + Sync + 'static {
+    fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>>;
+
+    /// The upstream answered 404 for `user`'s repository: a remembered location is stale.
+    fn forget(&self, _user: &UserId) {}
+}
+
+/// GitLab: each user's project in the group, created on first use and then cached.
+impl RepoLocator for GitLab {
+    fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>> {
+        let user = user.clone();
+        Box::pin(async move {
+            let project = self
+                .user_project(&user)
+                .await
+                .map_err(|e| UpstreamError::Repository(e.to_string()))?;
+            Ok(project.http_url_to_repo)
+        })
+    }
+
+    fn forget(&self, user: &UserId) {
+        GitLab::forget(self, user);
+    }
+}
+
+/// A locator for servers that lay repositories out as `<base>/<user>.git`.
+pub struct RepoPerUser {
+    pub base_url: String,
+}
+
+impl RepoLocator for RepoPerUser {
+    fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>> {
+        let url = format!("{}/{user}.git", self.base_url.trim_end_matches('/'));
+        Box::pin(async move { Ok(url) })
+    }
+}
+
+/// A remote smart-HTTP server, authenticated with basic auth (for GitLab: username `oauth2`,
+/// the service token as password).
+pub struct HttpUpstream {
+    client: reqwest::Client,
+    locator: Arc<dyn RepoLocator>,
+    username: String,
+    password: SecretString,
+}
+
+impl HttpUpstream {
+    pub fn new(
+        locator: Arc<dyn RepoLocator>,
+        username: impl Into<String>,
+        password: SecretString,
+    ) -> Result<HttpUpstream, UpstreamError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            // A redirect would carry the service credentials to a host the locator never named.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| UpstreamError::Failed(e.to_string()))?;
+        Ok(HttpUpstream {
+            client,
+            locator,
+            username: username.into(),
+            password,
+        })
+    }
+}
+
+impl Upstream for HttpUpstream {
+    fn forward(
+        &self,
+        request: UpstreamRequest,
+    ) -> BoxFuture<'_, Result<Response<Body>, UpstreamError>> {
+        Box::pin(async move {
+            let repo = self.locator.repo_url(&request.user).await?;
+            let url = format!("{repo}/{}", request.endpoint.path_and_query());
+            let mut builder = self
+                .client
+                .request(request.endpoint.method(), url)
+                .headers(request.headers)
+                .basic_auth(&self.username, Some(self.password.expose_secret()));
+            if request.endpoint.method() == http::Method::POST {
+                builder = builder.body(reqwest::Body::wrap_stream(request.body.into_data_stream()));
+            }
+            let response = builder.send().await.map_err(describe)?;
+            if response.status() == http::StatusCode::NOT_FOUND {
+                self.locator.forget(&request.user);
+            }
+            let mut out = Response::builder().status(response.status());
+            if let Some(headers) = out.headers_mut() {
+                *headers = response.headers().clone();
+            }
+            let body = Body::from_stream(response.bytes_stream().map_err(describe));
+            out.body(body)
+                .map_err(|e| UpstreamError::Failed(e.to_string()))
+        })
+    }
+}
+
+/// reqwest's errors name the URL; ours carry no credentials, so the text is safe to show.
+fn describe(e: reqwest::Error) -> UpstreamError {
+    let text = std::error::Error::source(&e)
+        .map(|s| format!("{e}: {s}"))
+        .unwrap_or_else(|| e.to_string());
+    if e.is_timeout() {
+        UpstreamError::Timeout
+    } else if e.is_connect() {
+        UpstreamError::Unreachable(text)
+    } else {
+        UpstreamError::Failed(text)
+    }
+}

@@ -1,0 +1,406 @@
+//! Orchestration against real processes: `LocalSandbox`, the fake GitLab, real git. The
+//! watcher's PM2 controls are shell commands that keep a log, so each test can assert which
+//! of them ran and in what order.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cloud_core::UserId;
+use cloud_core::config::Config;
+use cloud_core::gitlab::GitLab;
+use cloud_core::orchestrate::coalesce::Triggered;
+use cloud_core::orchestrate::{
+    BackfillOutcome, Orchestrator, Persistence, Provisioned, SandboxLayout, SandboxStatus,
+    StatusSink,
+};
+use cloud_core::sandbox::LocalSandbox;
+use cloud_core::token::TokenSigner;
+use secrecy::SecretString;
+use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
+use testkit::git::{git, hermetic_env};
+
+struct World {
+    tmp: tempfile::TempDir,
+    gitlab: FakeGitLab,
+    signer: TokenSigner,
+}
+
+impl World {
+    async fn new() -> World {
+        World {
+            tmp: tempfile::tempdir().unwrap(),
+            gitlab: FakeGitLab::start().await,
+            signer: TokenSigner::new(&[7u8; 32]).unwrap(),
+        }
+    }
+
+    fn repos(&self) -> PathBuf {
+        self.tmp.path().join("repos")
+    }
+
+    fn orchestrator(&self, watcher_bin: &Path) -> Orchestrator<GitLab> {
+        let config = Config::new(
+            &self.gitlab.api_url(),
+            GROUP_ID,
+            SecretString::from(SERVICE_TOKEN),
+        )
+        .unwrap();
+        let persistence = Persistence {
+            host: GitLab::new(&config).unwrap(),
+            signer: self.signer.clone(),
+            git_url: self.repos().display().to_string(),
+        };
+        Orchestrator::new(Some(persistence), layout(watcher_bin))
+    }
+
+    /// A sandbox with its own home, the project folder holding a template file.
+    fn sandbox(&self, id: &str) -> LocalSandbox {
+        let home = self.tmp.path().join(id);
+        fs::create_dir_all(home.join("project")).unwrap();
+        fs::write(home.join("project/index.ts"), "template\n").unwrap();
+        let mut sandbox = LocalSandbox::new(id, &home);
+        for (name, value) in hermetic_env(&home) {
+            if name != "HOME" {
+                sandbox = sandbox.with_env(name, value.display().to_string());
+            }
+        }
+        sandbox
+    }
+}
+
+/// The watcher's PM2 controls become log lines and a marker file in the sandbox's home.
+fn layout(watcher_bin: &Path) -> SandboxLayout {
+    SandboxLayout {
+        project_dir: "project".into(),
+        watcher_env_file: ".project-watcher/.env".into(),
+        watcher_bin: watcher_bin.display().to_string(),
+        start_watcher: "echo start-watcher >> \"$HOME/log\" && touch \"$HOME/watcher-running\""
+            .into(),
+        stop_watcher: "echo stop-watcher >> \"$HOME/log\" && rm -f \"$HOME/watcher-running\""
+            .into(),
+        watcher_running: "test -f \"$HOME/watcher-running\"".into(),
+        start_dev_server: "echo start-dev >> \"$HOME/log\"".into(),
+        stop_dev_server: "echo stop-dev >> \"$HOME/log\"".into(),
+        install_cmd: None,
+        failure_file: "sync-failure".into(),
+        command_timeout: Duration::from_secs(30),
+        sync_timeout: Duration::from_secs(60),
+    }
+}
+
+fn log(sandbox_home: &Path) -> String {
+    fs::read_to_string(sandbox_home.join("log")).unwrap_or_default()
+}
+
+fn user(name: &str) -> UserId {
+    UserId::parse(name).unwrap()
+}
+
+#[derive(Default)]
+struct Statuses(Mutex<Vec<(String, SandboxStatus)>>);
+
+impl StatusSink for Statuses {
+    fn set_status(&self, sandbox: &str, status: SandboxStatus) {
+        self.0.lock().unwrap().push((sandbox.to_owned(), status));
+    }
+}
+
+impl Statuses {
+    fn of(&self, sandbox: &str) -> Vec<SandboxStatus> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(s, _)| s == sandbox)
+            .map(|(_, st)| st.clone())
+            .collect()
+    }
+}
+
+/// A stand-in for `project-watcher sync` that records its arguments, can be held until a
+/// file appears, and fails like the real one (failure file, exit 1) when told to.
+fn stub_watcher(dir: &Path) -> PathBuf {
+    let path = dir.join("stub-watcher");
+    fs::write(
+        &path,
+        r#"#!/bin/sh
+echo "$@" >> "$HOME/watcher-args"
+echo run >> "$HOME/sync-runs"
+while [ -f "$HOME/hold-sync" ]; do sleep 0.02; done
+if [ -f "$HOME/fail-install" ]; then
+  while [ $# -gt 0 ]; do [ "$1" = --failure-file ] && ff="$2"; shift; done
+  printf 'step: install\nerror: `npm ci` failed (exit status: 1)\nnpm ERR! missing script\n' > "$ff"
+  exit 1
+fi
+exit 0
+"#,
+    )
+    .unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn provision_sets_everything_up_once_and_a_second_run_changes_nothing() {
+    let world = World::new().await;
+    let orchestrator = world.orchestrator(&stub_watcher(world.tmp.path()));
+    let sandbox = world.sandbox("sbx-alice");
+    let home = world.tmp.path().join("sbx-alice");
+    let alice = user("alice");
+
+    let first = orchestrator.provision(&sandbox, &alice).await.unwrap();
+
+    assert_eq!(
+        first,
+        Provisioned {
+            repository_created: true,
+            env_written: true,
+            remote_configured: true,
+            watcher_started: true,
+        }
+    );
+    let env = fs::read_to_string(home.join(".project-watcher/.env")).unwrap();
+    assert!(
+        env.contains(&format!("PROJECT_TOKEN={}\n", world.signer.mint(&alice))),
+        "{env}"
+    );
+    assert!(env.contains(&format!("PROJECT_DIR={}\n", home.join("project").display())));
+    let mode = fs::metadata(home.join(".project-watcher/.env"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(
+        git(&home.join("project"), ["remote", "get-url", "project"]).trim(),
+        world.repos().join("alice.git").display().to_string()
+    );
+    assert_eq!(world.gitlab.projects().len(), 1);
+    assert_eq!(world.gitlab.projects()[0].path, "alice");
+    assert_eq!(log(&home), "start-watcher\n");
+
+    let second = orchestrator.provision(&sandbox, &alice).await.unwrap();
+
+    assert_eq!(second, Provisioned::default());
+    assert!(!second.changed_anything());
+    assert_eq!(log(&home), "start-watcher\n", "no second start");
+    assert_eq!(world.gitlab.projects().len(), 1);
+}
+
+#[tokio::test]
+async fn provision_restarts_a_running_watcher_when_its_token_changes() {
+    let world = World::new().await;
+    let orchestrator = world.orchestrator(&stub_watcher(world.tmp.path()));
+    let sandbox = world.sandbox("sbx");
+    let home = world.tmp.path().join("sbx");
+    orchestrator
+        .provision(&sandbox, &user("alice"))
+        .await
+        .unwrap();
+    fs::write(home.join(".project-watcher/.env"), "PROJECT_TOKEN=stale\n").unwrap();
+
+    let again = orchestrator
+        .provision(&sandbox, &user("alice"))
+        .await
+        .unwrap();
+
+    assert!(again.env_written && again.watcher_started);
+    assert_eq!(log(&home), "start-watcher\nstop-watcher\nstart-watcher\n");
+}
+
+#[tokio::test]
+async fn feature_off_provisions_nothing() {
+    let world = World::new().await;
+    let orchestrator: Orchestrator<GitLab> =
+        Orchestrator::new(None, layout(Path::new("project-watcher")));
+    let sandbox = world.sandbox("sbx");
+    let home = world.tmp.path().join("sbx");
+
+    let done = orchestrator
+        .provision(&sandbox, &user("alice"))
+        .await
+        .unwrap();
+
+    assert_eq!(done, Provisioned::default());
+    assert!(!home.join("project/.git").exists());
+    assert!(!home.join(".project-watcher").exists());
+    assert_eq!(log(&home), "");
+    assert!(world.gitlab.requests().is_empty());
+}
+
+#[tokio::test]
+async fn the_watcher_is_started_again_after_a_failure_and_after_a_panic() {
+    let world = World::new().await;
+    let orchestrator = Arc::new(world.orchestrator(&stub_watcher(world.tmp.path())));
+    let sandbox = world.sandbox("sbx");
+    let home = world.tmp.path().join("sbx");
+
+    let failed = orchestrator
+        .with_watcher_stopped(&sandbox, || async {
+            fs::write(home.join("log"), format!("{}update\n", log(&home))).unwrap();
+            Err::<(), _>("update failed")
+        })
+        .await
+        .unwrap();
+    assert_eq!(failed, Err("update failed"));
+    assert_eq!(log(&home), "stop-watcher\nupdate\nstart-watcher\n");
+
+    let panicked = tokio::spawn({
+        let (orchestrator, sandbox) = (orchestrator.clone(), sandbox.clone());
+        async move {
+            orchestrator
+                .with_watcher_stopped(&sandbox, || async {
+                    if true {
+                        panic!("update blew up");
+                    }
+                    Ok::<(), ()>(())
+                })
+                .await
+        }
+    })
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert_eq!(
+        log(&home),
+        "stop-watcher\nupdate\nstart-watcher\nstop-watcher\nstart-watcher\n"
+    );
+    assert!(home.join("watcher-running").exists());
+}
+
+#[tokio::test]
+async fn sync_reports_ready_or_broken_with_the_failure_tail() {
+    let world = World::new().await;
+    let orchestrator = world.orchestrator(&stub_watcher(world.tmp.path()));
+    let sandbox = world.sandbox("sbx");
+    let home = world.tmp.path().join("sbx");
+    let statuses = Statuses::default();
+
+    let ran = orchestrator.sync(&sandbox, &user("alice"), &statuses).await;
+    assert_eq!(ran, Triggered::Ran { runs: 1 });
+    assert_eq!(
+        statuses.of("sbx"),
+        [SandboxStatus::Syncing, SandboxStatus::Ready]
+    );
+    let args = fs::read_to_string(home.join("watcher-args")).unwrap();
+    let expected = format!(
+        "sync --dir {} --remote project --branch main --failure-file {} --stop-cmd echo stop-dev >> \"$HOME/log\" --start-cmd echo start-dev >> \"$HOME/log\"\n",
+        home.join("project").display(),
+        home.join("sync-failure").display()
+    );
+    assert_eq!(args, expected);
+
+    fs::write(home.join("fail-install"), "").unwrap();
+    orchestrator.sync(&sandbox, &user("alice"), &statuses).await;
+    let last = statuses.of("sbx").pop().unwrap();
+    match last {
+        SandboxStatus::Broken { failure } => {
+            assert!(failure.starts_with("step: install\n"), "{failure}");
+            assert!(failure.contains("npm ERR! missing script"), "{failure}");
+        }
+        other => panic!("expected broken, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn three_triggers_during_a_sync_coalesce_into_one_more_run() {
+    let world = World::new().await;
+    let orchestrator = Arc::new(world.orchestrator(&stub_watcher(world.tmp.path())));
+    let sandbox = world.sandbox("sbx");
+    let home = world.tmp.path().join("sbx");
+    let statuses = Arc::new(Statuses::default());
+    fs::write(home.join("hold-sync"), "").unwrap();
+
+    let first = tokio::spawn({
+        let (orchestrator, sandbox, statuses) =
+            (orchestrator.clone(), sandbox.clone(), statuses.clone());
+        async move {
+            orchestrator
+                .sync(&sandbox, &user("alice"), &*statuses)
+                .await
+        }
+    });
+    testkit::wait::until_async(Duration::from_secs(30), "the first sync to start", || {
+        let started = home.join("sync-runs").exists();
+        async move { started.then_some(()) }
+    })
+    .await;
+    for _ in 0..3 {
+        let outcome = orchestrator
+            .sync(&sandbox, &user("alice"), &*statuses)
+            .await;
+        assert_eq!(outcome, Triggered::Coalesced);
+    }
+    fs::remove_file(home.join("hold-sync")).unwrap();
+
+    assert_eq!(first.await.unwrap(), Triggered::Ran { runs: 2 });
+    assert_eq!(
+        fs::read_to_string(home.join("sync-runs")).unwrap(),
+        "run\nrun\n"
+    );
+    assert_eq!(
+        statuses.of("sbx"),
+        [
+            SandboxStatus::Syncing,
+            SandboxStatus::Ready,
+            SandboxStatus::Syncing,
+            SandboxStatus::Ready
+        ]
+    );
+}
+
+#[tokio::test]
+async fn backfill_goes_on_past_a_failure_and_a_second_run_finds_everything_done() {
+    let world = World::new().await;
+    let orchestrator = world.orchestrator(&stub_watcher(world.tmp.path()));
+    let sandboxes = vec![
+        (user("alice"), world.sandbox("sbx-alice")),
+        (user("bob"), world.sandbox("sbx-bob")),
+        (user("carol"), world.sandbox("sbx-carol")),
+    ];
+    // Bob's project folder is a file: his sandbox cannot be set up.
+    let bob_project = world.tmp.path().join("sbx-bob/project");
+    fs::remove_dir_all(&bob_project).unwrap();
+    fs::write(&bob_project, "not a folder").unwrap();
+
+    let report = orchestrator.backfill(&sandboxes).await;
+
+    let outcomes: Vec<_> = report
+        .iter()
+        .map(|e| (e.sandbox.as_str(), &e.outcome))
+        .collect();
+    assert!(matches!(
+        outcomes[0],
+        ("sbx-alice", BackfillOutcome::Provisioned(_))
+    ));
+    assert!(matches!(
+        outcomes[1],
+        ("sbx-bob", BackfillOutcome::Failed(_))
+    ));
+    assert!(matches!(
+        outcomes[2],
+        ("sbx-carol", BackfillOutcome::Provisioned(_))
+    ));
+    assert!(world.tmp.path().join("sbx-carol/project/.git").exists());
+
+    fs::remove_file(&bob_project).unwrap();
+    let again = orchestrator.backfill(&sandboxes).await;
+
+    let outcomes: Vec<_> = again
+        .iter()
+        .map(|e| (e.sandbox.as_str(), &e.outcome))
+        .collect();
+    assert!(matches!(
+        outcomes[0],
+        ("sbx-alice", BackfillOutcome::AlreadyDone)
+    ));
+    assert!(matches!(
+        outcomes[1],
+        ("sbx-bob", BackfillOutcome::Provisioned(_))
+    ));
+    assert!(matches!(
+        outcomes[2],
+        ("sbx-carol", BackfillOutcome::AlreadyDone)
+    ));
+}

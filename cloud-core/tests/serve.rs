@@ -1,0 +1,367 @@
+//! `shmastra-cloud serve` as a real child process: the sync command per external push, the
+//! webhook, the GitLab upstream (fake API + real git server) with the service token kept out of
+//! every log line, and a 100 MB push through bounded proxy memory.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
+use testkit::git::{git, git_output, hermetic_env, init_repo};
+use testkit::git_server::GitServer;
+use testkit::wait;
+
+const SECRET: &str = "serve-tests-secret-0123456789abcdef";
+const WEBHOOK_SECRET: &str = "webhook-secret-for-tests";
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A running `shmastra-cloud serve`; killed on drop.
+struct Serve {
+    child: Child,
+    /// Kept open: serve prints its outcome on exit, and a closed pipe would fail that.
+    _stdout: BufReader<std::process::ChildStdout>,
+    addr: String,
+    stderr: PathBuf,
+    events: PathBuf,
+    tmp: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(extra_args: &[&str], env: &[(&str, &str)]) -> Serve {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let stderr = tmp.path().join("serve.log");
+        let events = tmp.path().join("events");
+        let record = format!(
+            "printf '%s %s %s\\n' \"$SHMASTRA_USER\" \"$SHMASTRA_REF\" \"$SHMASTRA_NEW_OID\" >> '{}'",
+            events.display()
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"));
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--on-external-push",
+            &record,
+        ])
+        .args(extra_args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("SHMASTRA_TOKEN_SECRET", SECRET)
+        .envs(hermetic_env(tmp.path()))
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).expect("log file"));
+        let mut child = cmd.spawn().expect("start shmastra-cloud serve");
+        let mut first = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        stdout
+            .read_line(&mut first)
+            .expect("read the listening line");
+        let addr = first
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "serve did not start: {first:?}\n{}",
+                    std::fs::read_to_string(&stderr).unwrap_or_default()
+                )
+            })
+            .to_owned();
+        Serve {
+            child,
+            _stdout: stdout,
+            addr,
+            stderr,
+            events,
+            tmp,
+        }
+    }
+
+    fn token(&self, user: &str) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
+            .args(["token", "mint", "--user", user])
+            .env("SHMASTRA_TOKEN_SECRET", SECRET)
+            .output()
+            .expect("token mint");
+        assert!(out.status.success());
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_owned()
+    }
+
+    fn remote_url(&self, user: &str) -> String {
+        format!(
+            "http://x:{}@{}/api/git/{user}.git",
+            self.token(user),
+            self.addr
+        )
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn events(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.events)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn wait_for_events(&self, n: usize) -> Vec<String> {
+        wait::until(DEADLINE, &format!("{n} sync command runs"), || {
+            let events = self.events();
+            (events.len() >= n).then_some(events)
+        })
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, then the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        wait::until(DEADLINE, "serve exits", || {
+            self.child.try_wait().expect("wait")
+        })
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn work_tree(dir: &Path, url: &str) -> String {
+    init_repo(dir);
+    std::fs::write(dir.join("a.txt"), "a\n").expect("write");
+    git(dir, ["add", "-A"]);
+    git(dir, ["commit", "-qm", "first"]);
+    git(dir, ["remote", "add", "origin", url]);
+    git(dir, ["rev-parse", "HEAD"]).trim().to_owned()
+}
+
+fn post_webhook(serve: &Serve, token: &str, body: String) -> (u16, String) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let response = reqwest::Client::new()
+            .post(serve.url("/api/gitlab/webhook"))
+            .header("x-gitlab-token", token)
+            .header("x-gitlab-event", "Push Hook")
+            .body(body)
+            .send()
+            .await
+            .expect("webhook answers");
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"))
+    })
+}
+
+fn push_payload(user: &str, new_oid: &str) -> String {
+    serde_json::json!({
+        "object_kind": "push",
+        "ref": "refs/heads/main",
+        "before": "0000000000000000000000000000000000000000",
+        "after": new_oid,
+        "project": { "path_with_namespace": format!("{GROUP_PATH}/{user}") },
+    })
+    .to_string()
+}
+
+#[test]
+fn external_pushes_run_the_sync_command_once_and_webhook_echoes_are_skipped() {
+    let up = tempfile::tempdir().expect("tempdir");
+    let up_dir = up.path().to_str().expect("utf-8 path");
+    let serve = Serve::start(
+        &["--upstream-dir", up_dir],
+        &[("GITLAB_WEBHOOK_SECRET", WEBHOOK_SECRET)],
+    );
+    let work = serve.tmp.path().join("work");
+    let head = work_tree(&work, &serve.remote_url("alice"));
+
+    let watcher_push = git_output(
+        &work,
+        [
+            "-c",
+            "http.userAgent=project-watcher/0.1.0",
+            "push",
+            "-q",
+            "origin",
+            "main:refs/heads/from-watcher",
+        ],
+    );
+    assert!(watcher_push.status.success());
+    git(&work, ["push", "-q", "origin", "main"]);
+    assert_eq!(
+        serve.wait_for_events(1),
+        [format!("alice refs/heads/main {head}")]
+    );
+
+    // GitLab's echo of the push the proxy forwarded: no second sync.
+    let (status, body) = post_webhook(&serve, WEBHOOK_SECRET, push_payload("alice", &head));
+    assert_eq!((status, body.trim()), (200, "seen by the proxy"));
+    let (status, _) = post_webhook(&serve, "wrong", push_payload("alice", &"2".repeat(40)));
+    assert_eq!(status, 401);
+    // A push made directly to GitLab.
+    let direct = "3".repeat(40);
+    let (status, _) = post_webhook(&serve, WEBHOOK_SECRET, push_payload("bob", &direct));
+    assert_eq!(status, 200);
+
+    assert_eq!(
+        serve.wait_for_events(2),
+        [
+            format!("alice refs/heads/main {head}"),
+            format!("bob refs/heads/main {direct}")
+        ],
+        "exactly one event per external push, the watcher's push fired none"
+    );
+    let logs = serve.logs();
+    assert_eq!(
+        logs.lines()
+            .filter(|l| l.contains("\"external push\""))
+            .count(),
+        2,
+        "one structured log line per event:\n{logs}"
+    );
+    assert!(serve.stop().success(), "SIGTERM is a clean shutdown");
+}
+
+#[test]
+fn gitlab_upstream_gets_the_service_token_which_no_log_line_shows() {
+    let repos = tempfile::tempdir().expect("tempdir");
+    let server = GitServer::start(repos.path());
+    server.create_bare(&format!("{GROUP_PATH}/alice.git"));
+    server.require_password(SERVICE_TOKEN);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let gitlab = runtime.block_on(FakeGitLab::start());
+    gitlab.set_repo_base(&server.base_url());
+    gitlab.add_project("alice");
+    let serve = Serve::start(
+        &[],
+        &[
+            ("GITLAB_SERVICE_TOKEN", SERVICE_TOKEN),
+            ("GITLAB_GROUP_ID", &GROUP_ID.to_string()),
+            ("GITLAB_API_URL", &gitlab.api_url()),
+            ("RUST_LOG", "trace"),
+        ],
+    );
+    let work = serve.tmp.path().join("work");
+    let head = work_tree(&work, &serve.remote_url("alice"));
+    git(&work, ["push", "-q", "origin", "main"]);
+    assert_eq!(
+        serve.wait_for_events(1),
+        [format!("alice refs/heads/main {head}")]
+    );
+    let clone = serve.tmp.path().join("clone");
+    git(
+        serve.tmp.path(),
+        [
+            "clone".as_ref(),
+            "-q".as_ref(),
+            serve.remote_url("alice").as_ref(),
+            clone.as_os_str(),
+        ],
+    );
+    assert_eq!(git(&clone, ["rev-parse", "HEAD"]).trim(), head);
+
+    let git_requests = server.requests().len();
+    let api_requests = gitlab.requests().len();
+    let bad = format!("http://x:v1.YWxpY2U.bad@{}/api/git/alice.git", serve.addr);
+    for _ in 0..3 {
+        let out = git_output(serve.tmp.path(), ["ls-remote", &bad]);
+        assert!(!out.status.success());
+    }
+    assert_eq!(
+        server.requests().len(),
+        git_requests,
+        "bad tokens reach no git server"
+    );
+    assert_eq!(
+        gitlab.requests().len(),
+        api_requests,
+        "bad tokens reach no GitLab API"
+    );
+
+    let logs = serve.logs();
+    assert!(logs.contains("TRACE"), "trace logging was on:\n{logs}");
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("oauth2:{SERVICE_TOKEN}"));
+    assert!(!logs.contains(SERVICE_TOKEN), "service token in the logs");
+    assert!(!logs.contains(&basic), "service credentials in the logs");
+    assert!(
+        !logs.contains(&serve.token("alice")),
+        "project token in the logs"
+    );
+}
+
+fn vm_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+#[test]
+fn a_100_mb_push_streams_through_bounded_proxy_memory() {
+    let up = tempfile::tempdir().expect("tempdir");
+    let serve = Serve::start(
+        &["--upstream-dir", up.path().to_str().expect("utf-8 path")],
+        &[],
+    );
+    let work = serve.tmp.path().join("work");
+    init_repo(&work);
+    git(
+        &work,
+        ["remote", "add", "origin", &serve.remote_url("alice")],
+    );
+    // Random bytes do not compress: the pack is as large as the content.
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for part in 0..4 {
+        let mut bytes = vec![0u8; 25 << 20];
+        for chunk in bytes.chunks_mut(8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            chunk.copy_from_slice(&seed.to_le_bytes()[..chunk.len()]);
+        }
+        std::fs::write(work.join(format!("blob-{part}.bin")), bytes).expect("write");
+    }
+    git(&work, ["add", "-A"]);
+    git(&work, ["commit", "-qm", "large"]);
+    let head = git(&work, ["rev-parse", "HEAD"]).trim().to_owned();
+    let before = vm_kib(serve.pid(), "VmHWM:");
+
+    git(&work, ["push", "-q", "origin", "main"]);
+
+    let peak = vm_kib(serve.pid(), "VmHWM:");
+    let bare = up.path().join("alice.git");
+    assert_eq!(git(&bare, ["rev-parse", "main"]).trim(), head);
+    assert_eq!(
+        serve.wait_for_events(1),
+        [format!("alice refs/heads/main {head}")]
+    );
+    eprintln!("proxy peak RSS: {before} KiB before, {peak} KiB after a 100 MiB push");
+    assert!(
+        peak < before + 40 * 1024,
+        "proxy peak RSS grew from {before} KiB to {peak} KiB for a 100 MiB push"
+    );
+}

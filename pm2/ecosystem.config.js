@@ -1,0 +1,97 @@
+// PM2 ecosystem for the sandbox template: the dev server, and project-watcher beside it.
+//
+// The watcher's environment (PROJECT_DIR, PROJECT_TOKEN, PROJECT_REMOTE, PROJECT_BRANCH) comes
+// from the file cloud-core's `provision` writes, ~/.project-watcher/.env (override the path with
+// PROJECT_WATCHER_ENV_FILE). Without that file the feature is off and the watcher is not started.
+//
+//   pm2 start ecosystem.config.js                        both processes
+//   pm2 start ecosystem.config.js --only project-watcher after provisioning
+//
+// Knobs for other setups and tests (all optional): PROJECT_WATCHER_BIN (the executable, default
+// `project-watcher` on PATH), DEV_SERVER_CMD (default `npm run dev`), WATCHER_DEBOUNCE and
+// WATCHER_MAX_DELAY (passed through).
+
+'use strict';
+
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+
+const home = process.env.HOME || os.homedir();
+const envFile =
+  process.env.PROJECT_WATCHER_ENV_FILE || path.join(home, '.project-watcher', '.env');
+
+// KEY=VALUE lines as cloud-core writes them; blank lines and `#` comments skipped.
+function readEnvFile(file) {
+  let text;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (err) {
+    if (err.code === 'ENOENT') return null;
+    throw err;
+  }
+  const env = {};
+  for (const line of text.split('\n')) {
+    const trimmed = line.trim();
+    if (trimmed === '' || trimmed.startsWith('#')) continue;
+    const eq = trimmed.indexOf('=');
+    if (eq > 0) env[trimmed.slice(0, eq)] = trimmed.slice(eq + 1);
+  }
+  return env;
+}
+
+const watcherEnv = readEnvFile(envFile);
+const projectDir =
+  (watcherEnv && watcherEnv.PROJECT_DIR) || process.env.PROJECT_DIR || path.join(home, 'shmastra');
+
+// Only variables that are set: PM2 would pass `undefined` on as the string "undefined".
+function defined(env) {
+  return Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== ''));
+}
+
+const apps = [
+  {
+    name: 'dev-server',
+    cwd: projectDir,
+    script: 'sh',
+    args: ['-c', process.env.DEV_SERVER_CMD || 'npm run dev'],
+    interpreter: 'none',
+    autorestart: true,
+    exp_backoff_restart_delay: 500,
+  },
+];
+
+if (watcherEnv) {
+  apps.push({
+    name: 'project-watcher',
+    cwd: projectDir,
+    script: process.env.PROJECT_WATCHER_BIN || 'project-watcher',
+    args: ['watch', '--log-format', 'json'],
+    // A native binary: PM2 must exec it, not hand it to node.
+    interpreter: 'none',
+    env: defined({
+      PROJECT_DIR: projectDir,
+      PROJECT_TOKEN: watcherEnv.PROJECT_TOKEN,
+      PROJECT_REMOTE: watcherEnv.PROJECT_REMOTE,
+      PROJECT_BRANCH: watcherEnv.PROJECT_BRANCH,
+      WATCHER_DEBOUNCE: process.env.WATCHER_DEBOUNCE,
+      WATCHER_MAX_DELAY: process.env.WATCHER_MAX_DELAY,
+    }),
+    // PM2 stops with SIGINT; the watcher then commits what is pending and pushes within its
+    // --shutdown-timeout (8 s). Give it that and more before PM2 falls back to SIGKILL.
+    kill_signal: 'SIGINT',
+    kill_timeout: 15000,
+    autorestart: true,
+    // Exit 2 (bad configuration) and 3 (another watcher holds the repository) will not get
+    // better by restarting.
+    stop_exit_codes: [2, 3],
+    // Crash loops back off exponentially (100 ms doubling, capped by PM2 at 15 s) instead of
+    // spinning; the delay resets once the watcher stays up.
+    exp_backoff_restart_delay: 100,
+    // Logs stay in $PM2_HOME/logs, one pair of files per app, with timestamps.
+    merge_logs: true,
+    time: true,
+  });
+}
+
+module.exports = { apps };

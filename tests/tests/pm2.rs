@@ -1,0 +1,266 @@
+//! The watcher under real PM2 (a pinned version from npm, its own `PM2_HOME`), run by
+//! `pm2/ecosystem.config.js` exactly as the sandbox template runs it: an edit is pushed;
+//! `pm2 stop` flushes a pending edit; `kill -9` is restarted and the edit made meanwhile is
+//! saved; `pm2 delete` + `pm2 kill` leave no process behind.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use testkit::git::{git, git_output, hermetic_env, init_bare, init_repo};
+use testkit::wait::until;
+
+const PM2_VERSION: &str = "7.0.4";
+/// Generous: npm, node and other helpers' builds share the machine.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+/// `<target>/pm2-<version>/node_modules/.bin/pm2`, installed with npm on first use. The install
+/// goes to a scratch folder renamed into place, so a half-finished one is never used.
+fn pm2_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("tests run from <target>/<profile>/deps")
+        .to_owned();
+    let dir = target.join(format!("pm2-{PM2_VERSION}"));
+    let bin = dir.join("node_modules/.bin/pm2");
+    if bin.exists() {
+        return bin;
+    }
+    let scratch = target.join(format!("pm2-{PM2_VERSION}.tmp-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch).unwrap();
+    let out = Command::new("npm")
+        .args(["install", "--prefix"])
+        .arg(&scratch)
+        .arg(format!("pm2@{PM2_VERSION}"))
+        .args(["--no-audit", "--no-fund", "--loglevel=error"])
+        .output()
+        .expect("npm is installed");
+    assert!(
+        out.status.success(),
+        "npm install pm2@{PM2_VERSION} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if fs::rename(&scratch, &dir).is_err() {
+        // Another test process got there first.
+        let _ = fs::remove_dir_all(&scratch);
+    }
+    assert!(bin.exists(), "{} missing after install", bin.display());
+    bin
+}
+
+/// A PM2 daemon of our own. Dropping it (also while a failed assert unwinds) runs `pm2 kill`.
+struct Pm2 {
+    bin: PathBuf,
+    env: Vec<(String, String)>,
+    home: PathBuf,
+}
+
+impl Pm2 {
+    fn run(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args).env_clear();
+        for key in ["PATH", "LANG"] {
+            if let Ok(v) = std::env::var(key) {
+                cmd.env(key, v);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(extra_env.iter().copied());
+        cmd.output().expect("pm2 runs")
+    }
+
+    fn ok(&self, args: &[&str], extra_env: &[(&str, &str)]) -> String {
+        let out = self.run(args, extra_env);
+        assert!(
+            out.status.success(),
+            "pm2 {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The app's pid and restart count from `pm2 jlist`; pid 0 when it is not running.
+    fn app(&self, name: &str) -> Option<(u32, u64, String)> {
+        let list: serde_json::Value = serde_json::from_str(&self.ok(&["jlist"], &[])).ok()?;
+        let app = list.as_array()?.iter().find(|a| a["name"] == name)?;
+        Some((
+            app["pid"].as_u64().unwrap_or(0) as u32,
+            app["pm2_env"]["restart_time"].as_u64().unwrap_or(0),
+            app["pm2_env"]["status"].as_str().unwrap_or("").to_owned(),
+        ))
+    }
+
+    fn daemon_pid(&self) -> Option<u32> {
+        fs::read_to_string(self.home.join("pm2.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+}
+
+impl Drop for Pm2 {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill"], &[]);
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        // A zombie (state Z) has exited already.
+        .is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+}
+
+fn remote_has(remote: &Path, path: &str) -> bool {
+    git_output(remote, ["cat-file", "-e", &format!("main:{path}")])
+        .status
+        .success()
+}
+
+/// The watcher wrote its status file with this pid: it scanned, saved, and is watching.
+fn wait_ready(project: &Path, pid: u32) {
+    until(PATIENCE, "the watcher to report ready", || {
+        project_watcher::status::read(&project.join(".git"))
+            .ok()
+            .filter(|s| s.pid == pid)
+            .map(|_| ())
+    });
+}
+
+fn wait_online(pm2: &Pm2, min_restarts: u64, not_pid: u32) -> u32 {
+    until(PATIENCE, "PM2 to run the watcher", || {
+        pm2.app("project-watcher")
+            .filter(|(pid, restarts, status)| {
+                *pid != 0 && *pid != not_pid && *restarts >= min_restarts && status == "online"
+            })
+            .map(|(pid, ..)| pid)
+    })
+}
+
+#[test]
+fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
+    let pm2_bin = pm2_bin();
+    let watcher_bin = testkit::cargo_bin::project_watcher();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let project = home.join("shmastra");
+    let remote = tmp.path().join("remote.git");
+    let pm2_home = tmp.path().join("pm2-home");
+    init_bare(&remote);
+    init_repo(&project);
+    fs::write(project.join(".gitignore"), "node_modules/\n").unwrap();
+    fs::write(project.join("index.ts"), "start\n").unwrap();
+    git(&project, ["add", "-A"]);
+    git(&project, ["commit", "-qm", "template"]);
+    git(
+        &project,
+        ["remote", "add", "project", remote.to_str().unwrap()],
+    );
+    git(&project, ["push", "-q", "project", "main"]);
+    // What cloud-core's provision writes.
+    fs::create_dir_all(home.join(".project-watcher")).unwrap();
+    fs::write(
+        home.join(".project-watcher/.env"),
+        format!(
+            "PROJECT_DIR={}\nPROJECT_REMOTE=project\nPROJECT_BRANCH=main\nPROJECT_TOKEN=v1.test-token\n",
+            project.display()
+        ),
+    )
+    .unwrap();
+    let ecosystem = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../pm2/ecosystem.config.js")
+        .canonicalize()
+        .unwrap();
+    let ecosystem = ecosystem.to_str().unwrap();
+
+    let mut env: Vec<(String, String)> = hermetic_env(&home)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.display().to_string()))
+        .collect();
+    env.extend([
+        ("PM2_HOME".to_owned(), pm2_home.display().to_string()),
+        (
+            "PROJECT_WATCHER_BIN".to_owned(),
+            watcher_bin.display().to_string(),
+        ),
+        ("DEV_SERVER_CMD".to_owned(), "exec sleep 3600".to_owned()),
+        ("RUST_LOG".to_owned(), "info".to_owned()),
+    ]);
+    let pm2 = Pm2 {
+        bin: pm2_bin,
+        env,
+        home: pm2_home.clone(),
+    };
+    let quick = [("WATCHER_DEBOUNCE", "300ms"), ("WATCHER_MAX_DELAY", "2s")];
+
+    // 1. The ecosystem starts both processes; an edit reaches the remote.
+    pm2.ok(&["start", ecosystem], &quick);
+    let pid = wait_online(&pm2, 0, 0);
+    wait_ready(&project, pid);
+    let dev_pid = until(PATIENCE, "the dev server", || {
+        pm2.app("dev-server")
+            .map(|(pid, ..)| pid)
+            .filter(|p| *p != 0)
+    });
+    fs::write(project.join("first.ts"), "pushed by the watcher\n").unwrap();
+    until(PATIENCE, "the first edit on the remote", || {
+        remote_has(&remote, "first.ts").then_some(())
+    });
+
+    // 2. `pm2 stop` (SIGINT) with an edit still inside a long debounce: flushed on the way out.
+    pm2.ok(&["delete", "project-watcher"], &[]);
+    let slow = [("WATCHER_DEBOUNCE", "10m"), ("WATCHER_MAX_DELAY", "20m")];
+    pm2.ok(&["start", ecosystem, "--only", "project-watcher"], &slow);
+    let pid = wait_online(&pm2, 0, pid);
+    wait_ready(&project, pid);
+    fs::write(project.join("pending.ts"), "saved at shutdown\n").unwrap();
+    pm2.ok(&["stop", "project-watcher"], &[]);
+    assert!(
+        !alive(pid),
+        "pm2 stop returned while the watcher still runs"
+    );
+    assert!(
+        remote_has(&remote, "pending.ts"),
+        "the pending edit was not pushed before the watcher exited"
+    );
+
+    // 3. kill -9: PM2 restarts the watcher, which saves the edit made while it was down.
+    pm2.ok(&["delete", "project-watcher"], &[]);
+    pm2.ok(&["start", ecosystem, "--only", "project-watcher"], &quick);
+    let pid = wait_online(&pm2, 0, pid);
+    wait_ready(&project, pid);
+    let killed = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    fs::write(
+        project.join("while-down.ts"),
+        "made while the watcher was dead\n",
+    )
+    .unwrap();
+    let restarted = wait_online(&pm2, 1, pid);
+    wait_ready(&project, restarted);
+    until(PATIENCE, "the edit made while down on the remote", || {
+        remote_has(&remote, "while-down.ts").then_some(())
+    });
+
+    // PM2 keeps the watcher's logs (JSON lines on stderr).
+    let log =
+        fs::read_to_string(pm2_home.join("logs/project-watcher-error.log")).unwrap_or_default();
+    assert!(log.contains("\"ready\""), "watcher log:\n{log}");
+
+    // 4. Cleanup leaves nothing running.
+    let daemon = pm2.daemon_pid().expect("the PM2 daemon's pid file");
+    pm2.ok(&["delete", "all"], &[]);
+    pm2.ok(&["kill"], &[]);
+    until(PATIENCE, "every process to be gone", || {
+        (!alive(restarted) && !alive(dev_pid) && !alive(daemon)).then_some(())
+    });
+}

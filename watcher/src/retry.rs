@@ -1,0 +1,345 @@
+//! The push retry policy: what kind of failure a push met, and how long to wait before the
+//! next attempt (capped exponential backoff with jitter; a long one for refused credentials).
+//!
+//! Pure: no clock and no randomness of its own, so every case is a table row.
+
+use std::time::Duration;
+
+/// Why a push failed, sorted by what the pusher does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// No connection, a reset, a timeout: retry soon.
+    Network,
+    /// The server answered 5xx: retry soon.
+    Server,
+    /// 401 or 403: the token is wrong or lacks access. Retrying soon would only repeat the
+    /// refusal (and could get the token locked), so wait long.
+    Auth,
+    /// The server refused the ref update (a hook, a protected branch, a quota): a person has
+    /// to act, so retry slowly.
+    Rejected,
+    /// The remote branch holds commits we do not have: never retried as is; the commits go to
+    /// a recovery branch instead.
+    NonFastForward,
+    /// The local setup is wrong (no such remote, unreadable repository): retry slowly, the
+    /// next commit may find it fixed.
+    Local,
+}
+
+/// Backoff series: `first` doubles on each consecutive failure up to `cap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Series {
+    pub first: Duration,
+    pub cap: Duration,
+}
+
+pub const TRANSIENT: Series = Series {
+    first: Duration::from_secs(1),
+    cap: Duration::from_secs(30),
+};
+pub const SLOW: Series = Series {
+    first: Duration::from_secs(30),
+    cap: Duration::from_secs(10 * 60),
+};
+pub const AUTH: Series = Series {
+    first: Duration::from_secs(5 * 60),
+    cap: Duration::from_secs(60 * 60),
+};
+
+impl FailureKind {
+    pub fn series(self) -> Series {
+        match self {
+            Self::Network | Self::Server | Self::NonFastForward => TRANSIENT,
+            Self::Rejected | Self::Local => SLOW,
+            Self::Auth => AUTH,
+        }
+    }
+}
+
+/// Consecutive failures so far. A success resets it.
+#[derive(Debug, Clone, Default)]
+pub struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    /// The wait before the next attempt after another failure of `kind`.
+    ///
+    /// `jitter` in `[0, 1]` picks a point in the upper half of the step ("equal jitter"):
+    /// watchers that failed together spread out, yet never retry sooner than half the step.
+    pub fn next_delay(&mut self, kind: FailureKind, jitter: f64) -> Duration {
+        let series = kind.series();
+        let step = series
+            .first
+            .saturating_mul(1u32 << self.failures.min(20))
+            .min(series.cap);
+        self.failures = self.failures.saturating_add(1);
+        let jitter = jitter.clamp(0.0, 1.0);
+        step / 2 + step.mul_f64(jitter / 2.0)
+    }
+
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// A jitter value in `[0, 1]` from the standard library's per-process random hash keys.
+pub fn random_jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The HTTP status in a libgit2 error message (`unexpected http status code: 503`).
+pub fn http_status_in(message: &str) -> Option<u16> {
+    let rest = message
+        .to_ascii_lowercase()
+        .split_once("http status code: ")?
+        .1
+        .to_owned();
+    rest.get(..3)?.parse().ok()
+}
+
+/// What kind of failure a libgit2 push error is. `credentials_failed` says whether our
+/// credentials callback declined in this attempt (a second challenge, or no token to answer with).
+pub fn classify_git_error(
+    code: git2::ErrorCode,
+    class: git2::ErrorClass,
+    message: &str,
+    credentials_failed: bool,
+) -> FailureKind {
+    if credentials_failed || code == git2::ErrorCode::Auth {
+        return FailureKind::Auth;
+    }
+    if code == git2::ErrorCode::NotFastForward {
+        return FailureKind::NonFastForward;
+    }
+    match http_status_in(message) {
+        Some(401 | 403 | 407) => return FailureKind::Auth,
+        Some(500..=599) => return FailureKind::Server,
+        Some(_) => return FailureKind::Rejected,
+        None => {}
+    }
+    match class {
+        git2::ErrorClass::Net
+        | git2::ErrorClass::Os
+        | git2::ErrorClass::Ssl
+        | git2::ErrorClass::Http
+        | git2::ErrorClass::Callback => FailureKind::Network,
+        git2::ErrorClass::Repository
+        | git2::ErrorClass::Reference
+        | git2::ErrorClass::Config
+        | git2::ErrorClass::Odb
+        | git2::ErrorClass::Object => FailureKind::Local,
+        _ => FailureKind::Network,
+    }
+}
+
+/// What kind of failure a ref update the server refused (`push_update_reference` with a
+/// message) is.
+pub fn classify_ref_rejection(message: &str) -> FailureKind {
+    let m = message.to_ascii_lowercase();
+    if m.contains("non-fast-forward") || m.contains("fetch first") || m.contains("stale info") {
+        FailureKind::NonFastForward
+    } else {
+        FailureKind::Rejected
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use git2::{ErrorClass as C, ErrorCode as E};
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn delays_double_up_to_the_cap_and_jitter_stays_in_the_upper_half() {
+        let check = |kind: FailureKind, jitter: f64, expected: &[u64]| {
+            let mut backoff = Backoff::default();
+            let got: Vec<_> = expected
+                .iter()
+                .map(|_| backoff.next_delay(kind, jitter).as_millis() as u64)
+                .collect();
+            assert_eq!(got, expected, "{kind:?} jitter {jitter}");
+        };
+        check(
+            FailureKind::Network,
+            1.0,
+            &[1000, 2000, 4000, 8000, 16000, 30000, 30000],
+        );
+        check(
+            FailureKind::Server,
+            0.0,
+            &[500, 1000, 2000, 4000, 8000, 15000],
+        );
+        check(FailureKind::Server, 0.5, &[750, 1500, 3000]);
+        check(
+            FailureKind::Auth,
+            1.0,
+            &[300_000, 600_000, 1_200_000, 2_400_000, 3_600_000, 3_600_000],
+        );
+        check(FailureKind::Rejected, 1.0, &[30_000, 60_000, 120_000]);
+        check(FailureKind::Network, 7.0, &[1000]);
+        check(FailureKind::Network, -3.0, &[500]);
+    }
+
+    #[test]
+    fn an_auth_failure_never_waits_less_than_minutes() {
+        let mut backoff = Backoff::default();
+        for _ in 0..50 {
+            assert!(backoff.next_delay(FailureKind::Auth, 0.0) >= secs(150));
+        }
+    }
+
+    #[test]
+    fn reset_starts_the_series_again() {
+        let mut backoff = Backoff::default();
+        for _ in 0..10 {
+            backoff.next_delay(FailureKind::Network, 1.0);
+        }
+        backoff.reset();
+        assert_eq!(backoff.next_delay(FailureKind::Network, 1.0), secs(1));
+    }
+
+    #[test]
+    fn many_failures_do_not_overflow() {
+        let mut backoff = Backoff {
+            failures: u32::MAX - 1,
+        };
+        assert_eq!(backoff.next_delay(FailureKind::Auth, 1.0), secs(3600));
+        assert_eq!(backoff.next_delay(FailureKind::Auth, 1.0), secs(3600));
+    }
+
+    #[test]
+    fn jitter_is_in_range() {
+        for _ in 0..100 {
+            let j = random_jitter();
+            assert!((0.0..=1.0).contains(&j), "{j}");
+        }
+    }
+
+    #[test]
+    fn git_errors_are_classified() {
+        let check = |code, class, message: &str, refused, expected| {
+            assert_eq!(
+                classify_git_error(code, class, message, refused),
+                expected,
+                "{message}"
+            );
+        };
+        use FailureKind::*;
+        check(
+            E::GenericError,
+            C::Net,
+            "failed to connect to 127.0.0.1: Connection refused",
+            false,
+            Network,
+        );
+        check(
+            E::GenericError,
+            C::Net,
+            "could not read from socket: timed out",
+            false,
+            Network,
+        );
+        check(
+            E::GenericError,
+            C::Os,
+            "failed to resolve address",
+            false,
+            Network,
+        );
+        check(
+            E::GenericError,
+            C::Http,
+            "unexpected http status code: 500",
+            false,
+            Server,
+        );
+        check(
+            E::GenericError,
+            C::Http,
+            "unexpected http status code: 503",
+            false,
+            Server,
+        );
+        check(
+            E::GenericError,
+            C::Http,
+            "unexpected http status code: 403",
+            false,
+            Auth,
+        );
+        check(
+            E::GenericError,
+            C::Http,
+            "unexpected http status code: 404",
+            false,
+            Rejected,
+        );
+        check(
+            E::Auth,
+            C::Http,
+            "unexpected authentication failure",
+            false,
+            Auth,
+        );
+        check(
+            E::User,
+            C::Callback,
+            "the remote refused PROJECT_TOKEN",
+            true,
+            Auth,
+        );
+        check(
+            E::NotFastForward,
+            C::Reference,
+            "cannot push non-fastforwardable reference",
+            false,
+            NonFastForward,
+        );
+        check(
+            E::NotFound,
+            C::Config,
+            "remote 'project' does not exist",
+            false,
+            Local,
+        );
+    }
+
+    #[test]
+    fn ref_rejections_are_classified() {
+        use FailureKind::*;
+        for (message, expected) in [
+            ("pre-receive hook declined", Rejected),
+            ("deny updating a hidden ref", Rejected),
+            ("non-fast-forward", NonFastForward),
+            ("fetch first", NonFastForward),
+            ("stale info", NonFastForward),
+        ] {
+            assert_eq!(classify_ref_rejection(message), expected, "{message}");
+        }
+    }
+
+    #[test]
+    fn http_status_is_read_from_libgit2_messages() {
+        assert_eq!(
+            http_status_in("unexpected http status code: 502"),
+            Some(502)
+        );
+        assert_eq!(
+            http_status_in("Unexpected HTTP status code: 401 x"),
+            Some(401)
+        );
+        assert_eq!(http_status_in("failed to connect"), None);
+        assert_eq!(http_status_in("http status code: 5"), None);
+    }
+}

@@ -1,0 +1,394 @@
+//! The push stage on its own, against real git: a repository, commits made with the git CLI,
+//! and `testkit`'s smart-HTTP server (git http-backend) with faults switched on and off.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use git2::Oid;
+use project_watcher::push::{PushEvent, PushHandle, PushSettings};
+use testkit::git::{git, init_bare, init_repo};
+use testkit::git_server::{Fault, GitServer};
+use tokio::sync::{mpsc, watch};
+
+const TOKEN: &str = "tok-5f3a9c1e-secret";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One test's world: a work repository whose `project` remote is on the test server.
+struct World {
+    _tmp: tempfile::TempDir,
+    server: GitServer,
+    bare: PathBuf,
+    work: PathBuf,
+    heads: watch::Sender<Option<Oid>>,
+    events: mpsc::Receiver<PushEvent>,
+    pusher: Option<PushHandle>,
+}
+
+impl World {
+    fn new(token: Option<&str>) -> Self {
+        Self::with_remote(token, |server, _| server.url("r.git"))
+    }
+
+    fn with_remote(token: Option<&str>, url: impl FnOnce(&GitServer, &Path) -> String) -> Self {
+        // Stalls fail after 2 s instead of the daemon's 30 s; the first test to get here decides.
+        project_watcher::transport::init(Duration::from_secs(2));
+        let tmp = tempfile::tempdir().unwrap();
+        let server = GitServer::start(&tmp.path().join("srv"));
+        let bare = server.create_bare("r.git");
+        let work = tmp.path().join("work");
+        init_repo(&work);
+        let url = url(&server, tmp.path());
+        git(&work, ["remote", "add", "project", &url]);
+        let (heads, heads_rx) = watch::channel(None);
+        let (events_tx, events) = mpsc::channel(256);
+        let settings = PushSettings {
+            workdir: work.clone(),
+            remote: "project".into(),
+            branch: "main".into(),
+            token: token.map(str::to_owned),
+        };
+        let pusher = Some(PushHandle::spawn(settings, heads_rx, events_tx));
+        Self {
+            _tmp: tmp,
+            server,
+            bare,
+            work,
+            heads,
+            events,
+            pusher,
+        }
+    }
+
+    /// Commits a file with the git CLI and publishes the new head, as the daemon does.
+    fn commit(&self, name: &str, contents: &str) -> Oid {
+        std::fs::write(self.work.join(name), contents).unwrap();
+        git(&self.work, ["add", "-A"]);
+        git(&self.work, ["commit", "-q", "-m", name]);
+        let head = Oid::from_str(git(&self.work, ["rev-parse", "HEAD"]).trim()).unwrap();
+        self.heads.send_replace(Some(head));
+        head
+    }
+
+    /// The next event other than `Started`.
+    async fn next(&mut self) -> PushEvent {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let event = tokio::time::timeout_at(deadline, self.events.recv())
+                .await
+                .expect("a push event in time")
+                .expect("the pusher is running");
+            if event != PushEvent::Started {
+                return event;
+            }
+        }
+    }
+
+    async fn until_pushed(&mut self, head: Oid) -> Vec<PushEvent> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self.next().await;
+            seen.push(event.clone());
+            if matches!(event, PushEvent::Pushed { oid, .. } if oid == head) {
+                return seen;
+            }
+        }
+    }
+
+    async fn failure(&mut self) -> (String, Duration) {
+        match self.next().await {
+            PushEvent::Failed { error, retry_in } => (error, retry_in),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    fn remote_rev(&self, rev: &str) -> Option<String> {
+        let out = testkit::git::git_output(&self.bare, ["rev-parse", "--verify", "-q", rev]);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    async fn shutdown(&mut self) {
+        if let Some(p) = self.pusher.take() {
+            p.shutdown(Duration::from_secs(5)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_reaches_main_tagged_and_authenticated_and_the_token_stays_off_disk() {
+    let mut w = World::new(Some(TOKEN));
+    w.server.require_password(TOKEN);
+    let head = w.commit("a.txt", "hello\n");
+    w.until_pushed(head).await;
+
+    assert_eq!(w.remote_rev("main"), Some(head.to_string()));
+    assert_eq!(
+        git(&w.work, ["rev-parse", "refs/remotes/project/main"]).trim(),
+        head.to_string(),
+        "the tracking ref the daemon counts unpushed commits against"
+    );
+    let requests = w.server.requests();
+    let tag = format!("project-watcher/{}", env!("CARGO_PKG_VERSION"));
+    assert!(!requests.is_empty());
+    for r in &requests {
+        let ua = r.user_agent.as_deref().unwrap_or_default();
+        assert!(ua.contains(&tag), "{ua:?} lacks {tag}");
+    }
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.basic_password().as_deref() == Some(TOKEN)),
+        "the token went out as the basic-auth password"
+    );
+    let config = std::fs::read_to_string(w.work.join(".git/config")).unwrap();
+    assert!(!config.contains(TOKEN), "{config}");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_made_while_the_server_is_down_all_arrive_once_it_is_back() {
+    let mut w = World::new(None);
+    let first = w.commit("a.txt", "1\n");
+    w.until_pushed(first).await;
+
+    w.server.set_fault(Fault::RefuseConnections);
+    let mut last = first;
+    for i in 0..12 {
+        last = w.commit(&format!("f{i}.txt"), &format!("{i}\n"));
+    }
+    let (error, _) = w.failure().await;
+    assert!(error.contains("cannot reach remote `project`"), "{error}");
+    assert_eq!(w.remote_rev("main"), Some(first.to_string()));
+
+    w.server.set_fault(Fault::None);
+    w.until_pushed(last).await;
+    assert_eq!(
+        git(&w.bare, ["rev-list", "main"]),
+        git(&w.work, ["rev-list", "main"]),
+        "the remote history is exactly the local one: nothing lost, nothing doubled"
+    );
+    assert_eq!(
+        git(
+            &w.work,
+            ["rev-list", "--count", "refs/remotes/project/main..main"]
+        )
+        .trim(),
+        "0"
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_and_stalls_are_retried_soon() {
+    let mut w = World::new(None);
+    for (fault, expected) in [
+        (Fault::Status500, "server error"),
+        (Fault::Stall, "timed out"),
+    ] {
+        w.server.set_fault(fault);
+        let head = w.commit("a.txt", &format!("{fault:?}\n"));
+        let (error, retry_in) = w.failure().await;
+        assert!(error.contains(expected), "{fault:?}: {error}");
+        assert!(
+            retry_in <= Duration::from_secs(30),
+            "{fault:?}: {retry_in:?}"
+        );
+        w.server.set_fault(Fault::None);
+        w.until_pushed(head).await;
+        assert_eq!(w.remote_rev("main"), Some(head.to_string()));
+    }
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_is_answered_once_and_backs_off_for_minutes() {
+    let mut w = World::new(Some("wrong-token"));
+    w.server.require_password(TOKEN);
+    w.commit("a.txt", "a\n");
+    let (error, retry_in) = w.failure().await;
+    assert!(
+        error.contains("refused PROJECT_TOKEN") && error.contains("401"),
+        "{error}"
+    );
+    assert!(!error.contains("wrong-token"));
+    assert!(retry_in >= Duration::from_secs(150), "{retry_in:?}");
+    let sent: Vec<_> = w
+        .server
+        .requests()
+        .into_iter()
+        .filter_map(|r| r.basic_password())
+        .collect();
+    assert_eq!(sent, ["wrong-token"], "one answer per attempt, no replays");
+
+    // A newer commit does not cut the back-off short.
+    w.commit("b.txt", "b\n");
+    let before = w.server.requests().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(w.server.requests().len(), before);
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_and_missing_token_are_clear_auth_failures() {
+    let mut w = World::new(Some(TOKEN));
+    w.server.set_fault(Fault::Status403);
+    w.commit("a.txt", "a\n");
+    let (error, retry_in) = w.failure().await;
+    assert!(error.contains("denied access (HTTP 403)"), "{error}");
+    assert!(retry_in >= Duration::from_secs(150));
+    w.shutdown().await;
+
+    let mut w = World::new(None);
+    w.server.require_password(TOKEN);
+    w.commit("a.txt", "a\n");
+    let (error, retry_in) = w.failure().await;
+    assert!(
+        error.contains("asks for credentials and PROJECT_TOKEN is not set"),
+        "{error}"
+    );
+    assert!(retry_in >= Duration::from_secs(150));
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_rejection_is_a_failure_with_the_hooks_message() {
+    let mut w = World::new(None);
+    w.server
+        .install_pre_receive_reject("r.git", "push blocked: repository over quota");
+    w.commit("a.txt", "a\n");
+    let (error, retry_in) = w.failure().await;
+    assert!(error.contains("pre-receive hook declined"), "{error}");
+    assert!(
+        error.contains("push blocked: repository over quota"),
+        "{error}"
+    );
+    assert!(retry_in >= Duration::from_secs(15));
+    assert_eq!(w.remote_rev("main"), None);
+    assert!(
+        testkit::git::git_output(&w.work, ["rev-parse", "refs/remotes/project/main"])
+            .status
+            .code()
+            != Some(0),
+        "a rejected push is not recorded as pushed"
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_that_moved_on_gets_a_recovery_branch_and_main_is_untouched() {
+    let mut w = World::new(None);
+    let base = w.commit("a.txt", "base\n");
+    w.until_pushed(base).await;
+
+    // Someone else pushes to main first.
+    let other = w.work.parent().unwrap().join("other");
+    git(
+        w.work.parent().unwrap(),
+        ["clone", "-q", &w.server.url("r.git"), "other"],
+    );
+    std::fs::write(other.join("b.txt"), "theirs\n").unwrap();
+    git(&other, ["add", "-A"]);
+    git(&other, ["commit", "-q", "-m", "theirs"]);
+    git(&other, ["push", "-q", "origin", "main"]);
+    let theirs = git(&other, ["rev-parse", "HEAD"]).trim().to_owned();
+
+    let ours = w.commit("c.txt", "ours\n");
+    let PushEvent::Diverged { recovery_ref } = w.next().await else {
+        panic!("expected diverged")
+    };
+    let stamp = recovery_ref
+        .strip_prefix("refs/heads/recovery/")
+        .expect("a recovery branch");
+    assert!(
+        stamp.len() == 16 && stamp.ends_with('Z') && !stamp.contains(':'),
+        "{stamp}"
+    );
+    assert_eq!(w.remote_rev("main"), Some(theirs.clone()), "main untouched");
+    assert_eq!(w.remote_rev(&recovery_ref), Some(ours.to_string()));
+
+    // Commits keep coming while diverged: they follow to the same recovery branch.
+    let ours2 = w.commit("d.txt", "ours 2\n");
+    assert_eq!(
+        w.next().await,
+        PushEvent::Diverged {
+            recovery_ref: recovery_ref.clone()
+        }
+    );
+    assert_eq!(w.remote_rev(&recovery_ref), Some(ours2.to_string()));
+    assert_eq!(w.remote_rev("main"), Some(theirs.clone()));
+
+    // A sync brings the remote's commits in; normal pushes resume.
+    git(&w.work, ["fetch", "-q", "project"]);
+    git(
+        &w.work,
+        ["merge", "-q", "--no-edit", "refs/remotes/project/main"],
+    );
+    let merged = Oid::from_str(git(&w.work, ["rev-parse", "HEAD"]).trim()).unwrap();
+    w.heads.send_replace(Some(merged));
+    w.until_pushed(merged).await;
+    assert_eq!(w.remote_rev("main"), Some(merged.to_string()));
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_urls_and_plain_paths_work_as_remotes() {
+    for as_url in [true, false] {
+        let mut w = World::with_remote(None, |_, tmp| {
+            let bare = tmp.join("plain.git");
+            init_bare(&bare);
+            if as_url {
+                format!("file://{}", bare.display())
+            } else {
+                bare.display().to_string()
+            }
+        });
+        let head = w.commit("a.txt", "a\n");
+        w.until_pushed(head).await;
+        let plain = w.work.parent().unwrap().join("plain.git");
+        assert_eq!(git(&plain, ["rev-parse", "main"]).trim(), head.to_string());
+        w.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_the_remote_url_never_appear_in_a_message() {
+    let mut w = World::with_remote(None, |server, _| {
+        server
+            .url("r.git")
+            .replace("http://", "http://alice:hunter2-secret@")
+    });
+    w.server.set_fault(Fault::Status500);
+    w.commit("a.txt", "a\n");
+    let (error, _) = w.failure().await;
+    assert!(!error.contains("hunter2-secret"), "{error}");
+    assert!(error.contains("***@127.0.0.1"), "{error}");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_pushes_the_newest_head_once_and_is_bounded_when_the_server_stalls() {
+    let mut w = World::new(None);
+    let head = w.commit("a.txt", "a\n");
+    w.pusher
+        .take()
+        .unwrap()
+        .shutdown(Duration::from_secs(10))
+        .await;
+    assert_eq!(w.remote_rev("main"), Some(head.to_string()));
+
+    let mut w = World::new(None);
+    w.server.set_fault(Fault::Stall);
+    w.commit("a.txt", "a\n");
+    let started = Instant::now();
+    w.pusher
+        .take()
+        .unwrap()
+        .shutdown(Duration::from_secs(1))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}

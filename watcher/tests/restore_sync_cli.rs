@@ -1,0 +1,252 @@
+//! `project-watcher restore` and `sync` as PM2 and the cloud run them: the real binary, real
+//! git remotes on disk, exit codes and files as the outcome. Also: a running watcher stays
+//! consistent across a sync (the reset never comes back as a commit).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use testkit::git::{git, hermetic_env, init_bare, init_repo, tree_of, tree_of_add_all};
+use testkit::wait::until;
+
+const BIN: &str = env!("CARGO_BIN_EXE_project-watcher");
+/// Generous: other builds and tests share the machine's two cores.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+struct Setup {
+    tmp: tempfile::TempDir,
+    remote: PathBuf,
+    sandbox: PathBuf,
+    laptop: PathBuf,
+}
+
+/// A remote holding a saved project, a sandbox that has it checked out, a laptop clone.
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = tmp.path().join("remote.git");
+    let sandbox = tmp.path().join("sandbox");
+    let laptop = tmp.path().join("laptop");
+    init_bare(&remote);
+    init_repo(&sandbox);
+    fs::write(sandbox.join(".gitignore"), "node_modules/\n").unwrap();
+    fs::write(sandbox.join("package.json"), "{\"name\": \"app\"}\n").unwrap();
+    fs::write(sandbox.join("app.ts"), "v1\n").unwrap();
+    fs::write(sandbox.join("old.txt"), "the laptop deletes this\n").unwrap();
+    git(&sandbox, ["add", "-A"]);
+    git(&sandbox, ["commit", "-qm", "first"]);
+    git(
+        &sandbox,
+        ["remote", "add", "project", remote.to_str().unwrap()],
+    );
+    git(&sandbox, ["push", "-q", "project", "main"]);
+    git(
+        tmp.path(),
+        ["clone", "-q", remote.to_str().unwrap(), "laptop"],
+    );
+    init_repo(&laptop);
+    Setup {
+        tmp,
+        remote,
+        sandbox,
+        laptop,
+    }
+}
+
+impl Setup {
+    fn watcher(&self) -> Command {
+        let mut cmd = Command::new(BIN);
+        for (k, v) in hermetic_env(self.tmp.path()) {
+            cmd.env(k, v);
+        }
+        cmd.env_remove("PROJECT_TOKEN")
+            .env_remove("PROJECT_DIR")
+            .env("RUST_LOG", "info");
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.watcher().args(args).output().unwrap()
+    }
+
+    fn push_from_laptop(&self) {
+        fs::write(self.laptop.join("app.ts"), "v2 from the laptop\n").unwrap();
+        fs::remove_file(self.laptop.join("old.txt")).unwrap();
+        git(&self.laptop, ["add", "-A"]);
+        git(&self.laptop, ["commit", "-qm", "from the laptop"]);
+        git(&self.laptop, ["push", "-q", "origin", "main"]);
+    }
+
+    fn failure_file(&self) -> PathBuf {
+        self.tmp.path().join("sync-failure")
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn restore_exits_0_and_changes_nothing_for_a_new_user() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = tmp.path().join("remote.git");
+    let project = tmp.path().join("project");
+    init_bare(&remote);
+    init_repo(&project);
+    fs::write(project.join("template.ts"), "template\n").unwrap();
+    git(
+        &project,
+        ["remote", "add", "project", remote.to_str().unwrap()],
+    );
+
+    let out = Command::new(BIN)
+        .envs(hermetic_env(tmp.path()))
+        .args(["restore", "--dir", project.to_str().unwrap()])
+        .output()
+        .unwrap();
+
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        fs::read_to_string(project.join("template.ts")).unwrap(),
+        "template\n"
+    );
+    assert!(tree_of(&project, "HEAD").is_none());
+}
+
+#[test]
+fn restore_without_the_remote_is_a_usage_error_naming_it() {
+    let s = setup();
+    let out = s.run(&[
+        "restore",
+        "--dir",
+        s.sandbox.to_str().unwrap(),
+        "--remote",
+        "nope",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("`nope`"), "{}", stderr(&out));
+}
+
+#[test]
+fn sync_pulls_the_laptops_push_and_removes_the_failure_file() {
+    let s = setup();
+    s.push_from_laptop();
+    fs::write(s.failure_file(), "step: install\n").unwrap();
+
+    let out = s.run(&[
+        "sync",
+        "--dir",
+        s.sandbox.to_str().unwrap(),
+        "--failure-file",
+        s.failure_file().to_str().unwrap(),
+        "--install-cmd",
+        "echo should not run; exit 1",
+    ]);
+
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        tree_of_add_all(&s.sandbox),
+        tree_of(&s.remote, "main").unwrap()
+    );
+    assert!(!s.failure_file().exists());
+}
+
+#[test]
+fn sync_with_a_failing_install_exits_1_and_leaves_the_output_tail() {
+    let s = setup();
+    fs::write(s.laptop.join("package.json"), "{\"name\": \"app2\"}\n").unwrap();
+    git(&s.laptop, ["commit", "-qam", "rename the package"]);
+    git(&s.laptop, ["push", "-q", "origin", "main"]);
+
+    let out = s.run(&[
+        "sync",
+        "--dir",
+        s.sandbox.to_str().unwrap(),
+        "--failure-file",
+        s.failure_file().to_str().unwrap(),
+        "--install-cmd",
+        "echo 'npm ERR! code E404'; exit 1",
+        "--start-cmd",
+        "touch started",
+    ]);
+
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let failure = fs::read_to_string(s.failure_file()).unwrap();
+    assert!(failure.starts_with("step: install\n"), "{failure}");
+    assert!(failure.contains("npm ERR! code E404"), "{failure}");
+    assert!(!s.sandbox.join("started").exists());
+}
+
+/// Kills the watcher when the test ends, however it ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn remote_has(remote: &Path, path: &str) -> bool {
+    testkit::git::git_output(remote, ["cat-file", "-e", &format!("main:{path}")])
+        .status
+        .success()
+}
+
+#[test]
+fn a_running_watcher_commits_only_the_users_changes_after_a_sync() {
+    let s = setup();
+    let watcher = Running(
+        s.watcher()
+            .args([
+                "watch",
+                "--dir",
+                s.sandbox.to_str().unwrap(),
+                "--debounce",
+                "200ms",
+                "--max-delay",
+                "2s",
+                "--log-format",
+                "json",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // The watcher is up once it has saved and pushed a first edit.
+    fs::write(s.sandbox.join("warmup.txt"), "up\n").unwrap();
+    until(PATIENCE, "the watcher to push the warm-up edit", || {
+        remote_has(&s.remote, "warmup.txt").then_some(())
+    });
+    git(&s.laptop, ["pull", "-q", "origin", "main"]);
+    s.push_from_laptop();
+    let pushed = git(&s.remote, ["rev-parse", "main"]).trim().to_owned();
+
+    let out = s.run(&[
+        "sync",
+        "--dir",
+        s.sandbox.to_str().unwrap(),
+        "--failure-file",
+        s.failure_file().to_str().unwrap(),
+        "--install-cmd",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    // A real edit after the sync: the watcher saves exactly that on top of the pushed commit.
+    fs::write(s.sandbox.join("after.txt"), "mine\n").unwrap();
+    until(
+        PATIENCE,
+        "the watcher to push the edit made after the sync",
+        || remote_has(&s.remote, "after.txt").then_some(()),
+    );
+    let changed = git(&s.remote, ["diff", "--name-only", &pushed, "main"]);
+    assert_eq!(changed, "after.txt\n");
+    assert_eq!(
+        git(&s.remote, ["show", "main:app.ts"]),
+        "v2 from the laptop\n"
+    );
+    assert!(!remote_has(&s.remote, "old.txt"));
+    drop(watcher);
+}
