@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's developer tasks (ci, and more as they land).
 
 mod bench;
+mod demo;
 
 use std::process::Command;
 
@@ -20,12 +21,15 @@ enum Task {
     Ci,
     /// project-watcher against the inotifywait + git CLI baseline, as ratios (BENCHMARKS.md).
     Bench(bench::Options),
+    /// The whole system on one machine: proxy, watcher, an edit saved, an external push synced.
+    Demo,
 }
 
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Ci => ci(),
         Task::Bench(options) => bench::run(options),
+        Task::Demo => demo::run(),
     }
 }
 
