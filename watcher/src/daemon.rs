@@ -65,7 +65,7 @@ impl DaemonError {
 
 /// The repository's `.git` directory for `dir`, or a clear error saying how to fix it.
 pub fn git_dir_of(dir: &Path) -> Result<PathBuf, DaemonError> {
-    Ok(open(dir)?.1)
+    Ok(open(dir)?.2)
 }
 
 /// Opens `dir` as the top of a non-bare working tree: (workdir, git dir).
