@@ -407,3 +407,48 @@ fn sigterm_commits_the_pending_edit_and_pushes_it_before_exiting() {
     assert_eq!(status.unpushed_commits, 0, "{status:#?}");
     assert!(status.last_push_error.is_none());
 }
+
+#[test]
+fn once_pushes_or_exits_1_saying_why() {
+    let sb = Sandbox::new();
+    let home = sb.tmp.path().join("home");
+    fs::create_dir_all(&home).unwrap();
+    let once = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_project-watcher"));
+        cmd.args(["once", "--dir"])
+            .arg(&sb.work)
+            .args(["--log-format", "json"])
+            .env("PROJECT_TOKEN", TOKEN);
+        for (k, v) in hermetic_env(&home) {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    sb.server.require_password(TOKEN);
+    sb.server.set_fault(Fault::Status500);
+    sb.write("a.txt", "a\n");
+    let out = once();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("500"), "{stderr}");
+    assert!(!stderr.contains(TOKEN));
+    assert_eq!(sb.remote_rev("main"), None);
+    let attempts = sb
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("service=git-receive-pack"))
+        .count();
+    assert_eq!(attempts, 1, "once makes one push attempt");
+
+    sb.server.set_fault(Fault::None);
+    let out = once();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sb.remote_rev("main"), Some(sb.local_head()));
+    assert_eq!(git(&sb.bare, ["show", "main:a.txt"]), "a\n");
+}
