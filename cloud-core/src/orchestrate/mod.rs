@@ -198,7 +198,9 @@ impl<H: ProjectHost> Orchestrator<H> {
 
     /// Ensures the user's project, writes the watcher's environment, points the `project`
     /// remote at the proxy and starts the watcher. Running it again changes nothing.
-    /// With the feature off it does nothing.
+    /// With the feature off it does nothing. This is for a sandbox that already holds the
+    /// user's work (back-fill); a fresh one goes through [`Orchestrator::begin_restore`] first,
+    /// or the watcher would save the template over the saved project.
     pub async fn provision<S: Sandbox>(
         &self,
         sandbox: &S,
