@@ -365,15 +365,17 @@ pub fn recovery_ref_name(at: SystemTime) -> String {
 
 /// `url` with any user name and password replaced by `***`, fit for messages and logs.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rfind('@') {
-        Some(at) => format!("{scheme}://***@{}{path}", &authority[at + 1..]),
+    match url_userinfo(url) {
+        Some(userinfo) => url.replacen(&format!("{userinfo}@"), "***@", 1),
         None => url.to_owned(),
     }
+}
+
+/// The `user:password` part of a URL, if it has one.
+fn url_userinfo(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    authority.rfind('@').map(|at| &authority[..at])
 }
 
 /// The real remote: libgit2 against the repository's configured remote.
@@ -415,6 +417,12 @@ impl GitRemote {
     /// Removes secrets from a message that may quote libgit2 or the server.
     fn scrub(&self, message: &str, url: &str) -> String {
         let mut text = message.replace(url, &redact_url(url));
+        // The secret part of `user:secret@` (or a bare token used as the user name), wherever
+        // libgit2 or the server quoted it; too short a string would mangle ordinary words.
+        let secret = url_userinfo(url).map(|u| u.split_once(':').map_or(u, |(_, pw)| pw));
+        if let Some(secret) = secret.filter(|s| s.len() >= 6) {
+            text = text.replace(secret, "***");
+        }
         if let Some(token) = self.settings.token.as_deref().filter(|t| !t.is_empty()) {
             text = text.replace(token, "[redacted]");
         }
