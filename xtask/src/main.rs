@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's developer tasks (ci, and more as they land).
 
+mod bench;
 mod demo;
 
 use std::process::Command;
@@ -18,6 +19,8 @@ struct Cli {
 enum Task {
     /// What CI runs: format check, clippy with warnings denied, every test.
     Ci,
+    /// project-watcher against the inotifywait + git CLI baseline, as ratios (BENCHMARKS.md).
+    Bench(bench::Options),
     /// The whole system on one machine: proxy, watcher, an edit saved, an external push synced.
     Demo,
 }
@@ -25,6 +28,7 @@ enum Task {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Ci => ci(),
+        Task::Bench(options) => bench::run(options),
         Task::Demo => demo::run(),
     }
 }
