@@ -19,8 +19,10 @@ use testkit::git::git;
 use testkit::git_server::Fault;
 use testkit::wait::until;
 
-/// CPU the watcher may use in [`CPU_WINDOW`] while a fault lasts.
+/// CPU the watcher may use in [`CPU_WINDOW`] while a fault lasts (a busy loop uses all 5 s).
 const CPU_BUDGET: f64 = 0.2;
+/// The same while pushes fail: each retry builds a pack of the unpushed megabytes again.
+const CPU_BUDGET_RETRYING_PUSHES: f64 = 0.5;
 const CPU_WINDOW: Duration = Duration::from_secs(5);
 
 fn noise(rng: &mut Rng, len: usize) -> Vec<u8> {
