@@ -222,6 +222,20 @@ fn the_remote_upstream_sees_only_the_service_token_and_a_rejected_push_fires_not
     git(&work, ["push", "-q", "origin", "main"]);
     assert_eq!(h.events(), vec![alice_main(&head)]);
 
+    // Git-Protocol crosses to the remote upstream: protocol v2 is negotiated end to end.
+    let out = testkit::git::command(&work)
+        .env("GIT_TRACE_PACKET", "1")
+        .args(["-c", "protocol.version=2", "ls-remote", "origin", "main"])
+        .output()
+        .expect("git ls-remote");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("< version 2"));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(&head));
+
     let requests = server.requests();
     assert!(!requests.is_empty());
     for r in &requests {
@@ -515,4 +529,36 @@ fn a_push_whose_client_never_reads_the_report_still_fires_its_event() {
     });
     assert_eq!(h.events(), vec![alice_main(&head)]);
     assert_eq!(git(&bare, ["rev-parse", "main"]).trim(), head);
+}
+
+#[test]
+fn a_client_that_stops_sending_its_body_gets_408() {
+    use base64::Engine as _;
+    use std::io::{Read, Write};
+    let root = tempfile::tempdir().expect("tempdir");
+    let server = GitServer::start(root.path());
+    server.create_bare("alice.git");
+    let limits = ProxyLimits {
+        idle_timeout: Duration::from_secs(1),
+        ..ProxyLimits::default()
+    };
+    let h = Harness::remote(&server, limits);
+    // An upstream that answers only after the whole body (as GitLab's front end does).
+    server.set_fault(Fault::Stall);
+    let rest = h.base.strip_prefix("http://").expect("http base");
+    let (host, mount) = rest.split_once('/').expect("mount");
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("x:{}", h.token("alice")));
+    let mut stream = std::net::TcpStream::connect(host).expect("connect");
+    write!(
+        stream,
+        "POST /{mount}/alice.git/git-upload-pack HTTP/1.1\r\nHost: {host}\r\n\
+         Authorization: Basic {auth}\r\n\
+         Content-Type: application/x-git-upload-pack-request\r\n\
+         Connection: close\r\nContent-Length: 1000\r\n\r\n0032want"
+    )
+    .expect("send a head and the start of a body");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+    assert!(response.contains("the request body stalled"), "{response}");
 }

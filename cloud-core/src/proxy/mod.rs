@@ -25,6 +25,7 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use futures_util::StreamExt as _;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 
 use crate::UserId;
@@ -140,12 +141,19 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         )
     });
     let tripped = Arc::new(AtomicBool::new(false));
+    let stalled = Arc::new(AtomicBool::new(false));
     let progress = match endpoint.method() {
         Method::GET => ReadProgress::finished(),
         _ => Arc::default(),
     };
     let body = {
         let idle = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
+        let stalled = stalled.clone();
+        let idle = idle.inspect(move |item| {
+            if matches!(item, Err(stream::StreamError::Idle(_))) {
+                stalled.store(true, Ordering::SeqCst);
+            }
+        });
         let limited = stream::limited(idle, limit, tripped.clone());
         let declared = content_length(&parts.headers);
         let limited = stream::report_progress(limited, progress.clone(), declared);
@@ -173,6 +181,16 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     let elapsed_ms = started.elapsed().as_millis() as u64;
     if tripped.load(Ordering::SeqCst) {
         return too_large(limit);
+    }
+    if stalled.load(Ordering::SeqCst) {
+        tracing::warn!(%user, service, "the client stopped sending its request body");
+        return answer(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "the request body stalled for {:?}",
+                proxy.limits.idle_timeout
+            ),
+        );
     }
     let response = match outcome {
         Ok(response) => response,
