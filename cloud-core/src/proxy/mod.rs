@@ -147,7 +147,8 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         _ => Arc::default(),
     };
     let body = {
-        let idle = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
+        let client = stream::watch_client(body.into_data_stream(), progress.clone());
+        let idle = stream::idle_timeout(client, proxy.limits.idle_timeout);
         let stalled = stalled.clone();
         let idle = idle.inspect(move |item| {
             if matches!(item, Err(stream::StreamError::Idle(_))) {
@@ -172,7 +173,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     };
     // Its own task: when a pushing client hangs up, the push may still land upstream, and its
     // report must still be read (dropping a JoinHandle does not cancel the task).
-    let exchange = tokio::spawn(exchange(proxy.clone(), request, progress, watch));
+    let exchange = tokio::spawn(exchange(proxy.clone(), request, progress.clone(), watch));
     let outcome = exchange
         .await
         .unwrap_or_else(|e| Err(UpstreamError::Failed(format!("proxy task failed: {e}"))));
@@ -182,7 +183,11 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     if tripped.load(Ordering::SeqCst) {
         return too_large(limit);
     }
-    if stalled.load(Ordering::SeqCst) {
+    let client_stalled = stalled.load(Ordering::SeqCst)
+        || (matches!(outcome, Err(UpstreamError::Timeout))
+            && !progress.ended()
+            && progress.waiting_on_client());
+    if client_stalled {
         tracing::warn!(%user, service, "the client stopped sending its request body");
         return answer(
             StatusCode::REQUEST_TIMEOUT,
