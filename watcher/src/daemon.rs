@@ -142,8 +142,9 @@ impl Saver {
         })
     }
 
-    /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's `.lock`) that no
-    /// process holds: removed once 60 s old, or at once when a watcher died inside a save.
+    /// Git lock files a save or a push needs (`index.lock`, `HEAD`'s and its branch's, the
+    /// remote-tracking refs') that no process holds: removed once 60 s old, or at once when a
+    /// watcher died inside a save.
     fn remove_stale_locks(&self) {
         let predecessor_died = lock::SaveMarker::left_behind(&self.git_dir);
         let max_age = if predecessor_died {
@@ -160,8 +161,10 @@ impl Saver {
             .into_iter()
             .map(str::to_owned)
             .chain(branch);
-        for name in names {
-            let path = self.git_dir.join(format!("{name}.lock"));
+        let paths = names
+            .map(|name| self.git_dir.join(format!("{name}.lock")))
+            .chain(lock::remote_ref_lock_files(&self.git_dir));
+        for path in paths {
             match lock::remove_stale_lock_file(&path, max_age) {
                 Ok(true) => tracing::warn!(
                     path = %path.display(),

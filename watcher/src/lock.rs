@@ -133,6 +133,27 @@ pub fn remove_stale_lock_file(path: &Path, max_age: Duration) -> io::Result<bool
     }
 }
 
+/// The lock files under `.git/refs/remotes/` (the pusher records each confirmed push there;
+/// a lock left by a kill in that moment would fail every later push).
+pub fn remote_ref_lock_files(git_dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => walk(&path, found),
+                Ok(_) if path.extension().is_some_and(|e| e == "lock") => found.push(path),
+                _ => {}
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(&git_dir.join("refs/remotes"), &mut found);
+    found
+}
+
 /// Present while a watcher saves (stage, index write, commit). A watcher killed inside a
 /// save leaves it behind, which tells the next one that the git lock files it finds are its
 /// predecessor's, not a live `git` command's, so they need not age 60 s before removal.
