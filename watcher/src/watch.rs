@@ -291,7 +291,10 @@ impl TreeWatcher {
         // Paths order by components, so a directory's subtree is one contiguous range.
         let below: Vec<PathBuf> = [&self.watched, &self.unwatched]
             .into_iter()
-            .flat_map(|set| set.range(rel.to_owned()..).take_while(|w| w.starts_with(rel)))
+            .flat_map(|set| {
+                set.range(rel.to_owned()..)
+                    .take_while(|w| w.starts_with(rel))
+            })
             .cloned()
             .collect();
         for path in below {
