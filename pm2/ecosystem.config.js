@@ -8,7 +8,7 @@
 //   pm2 start ecosystem.config.js --only project-watcher after provisioning
 //
 // Knobs for other setups and tests (all optional): PROJECT_WATCHER_BIN (the executable, default
-// `project-watcher` on PATH), DEV_SERVER_CMD (default `npm run dev`), WATCHER_DEBOUNCE and
+// `project-watcher` found on PATH, else /usr/local/bin/project-watcher), DEV_SERVER_CMD (default `npm run dev`), WATCHER_DEBOUNCE and
 // WATCHER_MAX_DELAY (passed through).
 
 'use strict';
@@ -44,6 +44,21 @@ const watcherEnv = readEnvFile(envFile);
 const projectDir =
   (watcherEnv && watcherEnv.PROJECT_DIR) || process.env.PROJECT_DIR || path.join(home, 'shmastra');
 
+// PM2 looks for a bare script name in the app's cwd, not on PATH: resolve it here.
+function onPath(name) {
+  for (const dir of (process.env.PATH || '').split(path.delimiter)) {
+    if (dir === '') continue;
+    const candidate = path.join(dir, name);
+    try {
+      fs.accessSync(candidate, fs.constants.X_OK);
+      return candidate;
+    } catch (_) {
+      // not here
+    }
+  }
+  return null;
+}
+
 // Only variables that are set: PM2 would pass `undefined` on as the string "undefined".
 function defined(env) {
   return Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== ''));
@@ -65,7 +80,10 @@ if (watcherEnv) {
   apps.push({
     name: 'project-watcher',
     cwd: projectDir,
-    script: process.env.PROJECT_WATCHER_BIN || 'project-watcher',
+    script:
+      process.env.PROJECT_WATCHER_BIN ||
+      onPath('project-watcher') ||
+      '/usr/local/bin/project-watcher',
     args: ['watch', '--log-format', 'json'],
     // A native binary: PM2 must exec it, not hand it to node.
     interpreter: 'none',

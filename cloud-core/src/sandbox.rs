@@ -166,7 +166,9 @@ impl Sandbox for LocalSandbox {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .kill_on_drop(true)
+            // Its own process group, so a timeout ends what the shell started too.
+            .process_group(0);
         if let Some(dir) = &exec.cwd {
             command.current_dir(dir);
         }
@@ -175,12 +177,18 @@ impl Sandbox for LocalSandbox {
             command: exec.command.clone(),
             source,
         })?;
+        let group = child.id();
         let output = tokio::time::timeout(exec.timeout, child.wait_with_output())
             .await
-            .map_err(|_| SandboxError::Timeout {
-                sandbox: self.id.clone(),
-                command: exec.command.clone(),
-                timeout: exec.timeout,
+            .map_err(|_| {
+                if let Some(group) = group {
+                    kill_process_group(group);
+                }
+                SandboxError::Timeout {
+                    sandbox: self.id.clone(),
+                    command: exec.command.clone(),
+                    timeout: exec.timeout,
+                }
             })?
             .map_err(|source| SandboxError::Spawn {
                 sandbox: self.id.clone(),
@@ -224,6 +232,16 @@ impl LocalSandbox {
             source,
         }
     }
+}
+
+/// SIGKILLs every process in the group (`kill -KILL -- -PGID`): the library forbids `unsafe`,
+/// and this runs only after a timeout, so one extra process is cheap.
+fn kill_process_group(group: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Writes through a temp file and a rename, mode 0600 from the start.
@@ -275,13 +293,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn exec_past_its_timeout_is_an_error() {
-        let sandbox = LocalSandbox::new("local", std::env::temp_dir());
+    async fn exec_past_its_timeout_is_an_error_and_kills_what_it_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let sandbox = LocalSandbox::new("local", dir.path());
         let err = sandbox
-            .exec(&Exec::new("sleep 30", Duration::from_millis(100)))
+            .exec(&Exec::new(
+                format!("sleep 30 & echo $! > {}; wait", pid_file.display()),
+                Duration::from_millis(300),
+            ))
             .await
             .unwrap_err();
         assert!(matches!(err, SandboxError::Timeout { .. }), "{err}");
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        testkit::wait::until(
+            Duration::from_secs(10),
+            "the background sleep to die",
+            || {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+                stat.map_or(true, |s| {
+                    s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+                })
+                .then_some(())
+            },
+        );
     }
 
     #[tokio::test]

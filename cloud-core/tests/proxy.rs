@@ -420,3 +420,41 @@ fn upstream_failures_become_502_and_504_with_a_clear_body() {
         (get().0 == 200).then_some(())
     });
 }
+
+#[test]
+fn a_stuck_upstream_times_out_whether_or_not_it_read_the_body() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let server = GitServer::start(root.path());
+    server.create_bare("alice.git");
+    let limits = ProxyLimits {
+        upstream_timeout: Duration::from_secs(2),
+        idle_timeout: Duration::from_secs(8),
+        ..ProxyLimits::default()
+    };
+    let h = Harness::remote(&server, limits);
+    server.set_fault(Fault::Stall);
+    let http = reqwest::Client::new();
+    let post = |body: Vec<u8>| {
+        h.send(
+            http.post(format!("{}/alice.git/git-upload-pack", h.base))
+                .basic_auth("x", Some(h.token("alice")))
+                .header("content-type", "application/x-git-upload-pack-request")
+                .body(body),
+        )
+    };
+    // Small enough for the socket buffers: the upstream has it all, so the answer timeout runs.
+    let started = std::time::Instant::now();
+    let (status, _, body) = post(b"0000".to_vec());
+    assert_eq!(status, 504, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "a fully sent request waits for upstream_timeout, not the idle timeout: {:?}",
+        started.elapsed()
+    );
+    // Far larger than the socket buffers: the upstream stops reading half-way, and the idle
+    // timeout (not a wait for an answer that cannot start) ends it.
+    let started = std::time::Instant::now();
+    let (status, _, body) = post(vec![b'0'; 64 << 20]);
+    assert_eq!(status, 504, "{body}");
+    assert!(started.elapsed() >= Duration::from_secs(8));
+}

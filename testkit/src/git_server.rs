@@ -2,7 +2,9 @@
 //! `cloud_core::http_backend`) behind a small hyper server on `127.0.0.1:0`, which records
 //! every request and can be told to misbehave.
 //!
-//! It runs on its own runtime thread, so sync and async tests use it alike.
+//! It runs on its own runtime thread, so sync and async tests use it alike. [`GitServer::start_https`]
+//! serves the same over TLS with a fixture certificate for `127.0.0.1`; point a client's
+//! `SSL_CERT_FILE` at [`LOOPBACK_CA_FILE`] to trust it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,10 +18,21 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use cloud_core::http_backend::{self, BoxBody};
+
+/// The self-signed certificate (IP SAN `127.0.0.1`, valid until 2126) the HTTPS server
+/// presents; a test-only throwaway, as is its key beside it.
+pub const LOOPBACK_CA_FILE: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/loopback-cert.pem");
+const LOOPBACK_KEY: &[u8] = include_bytes!("../fixtures/loopback-key.pem");
 
 /// One request as the server saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +66,9 @@ pub enum Fault {
     Status403,
     /// Accept requests and never answer them.
     Stall,
+    /// Serve fetches and ref advertisements, but stop reading a push's pack after its first
+    /// 64 KiB and never answer: a connection that dies mid-pack without closing.
+    StallMidPack,
 }
 
 struct Shared {
@@ -67,6 +83,7 @@ struct Shared {
 /// The running server. Dropping it stops the server.
 pub struct GitServer {
     addr: SocketAddr,
+    scheme: &'static str,
     shared: Arc<Shared>,
     fault: watch::Sender<Fault>,
     stop: Option<oneshot::Sender<()>>,
@@ -74,8 +91,28 @@ pub struct GitServer {
 }
 
 impl GitServer {
-    /// Serves the bare repositories under `root` (e.g. `root/alice.git`).
+    /// Serves the bare repositories under `root` (e.g. `root/alice.git`) over plain HTTP.
     pub fn start(root: &Path) -> Self {
+        Self::start_with(root, None)
+    }
+
+    /// The same over HTTPS, with the certificate in [`LOOPBACK_CA_FILE`].
+    pub fn start_https(root: &Path) -> Self {
+        let cert = CertificateDer::from_pem_file(LOOPBACK_CA_FILE).expect("fixture certificate");
+        let key = PrivateKeyDer::from_pem_slice(LOOPBACK_KEY).expect("fixture key");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .expect("TLS server config");
+        Self::start_with(root, Some(TlsAcceptor::from(Arc::new(config))))
+    }
+
+    fn start_with(root: &Path, tls: Option<TlsAcceptor>) -> Self {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let shared = Arc::new(Shared {
             root: root.to_owned(),
             requests: Mutex::new(Vec::new()),
@@ -101,7 +138,7 @@ impl GitServer {
                     let addr = listener.local_addr().expect("local addr");
                     addr_tx.send(addr).expect("report address");
                     tokio::select! {
-                        _ = accept_loop(listener, addr, thread_shared, fault_rx) => {}
+                        _ = accept_loop(listener, addr, thread_shared, fault_rx, tls) => {}
                         _ = stop_rx => {}
                     }
                 });
@@ -111,6 +148,7 @@ impl GitServer {
         let addr = addr_rx.recv().expect("git server started");
         Self {
             addr,
+            scheme,
             shared,
             fault,
             stop: Some(stop),
@@ -118,9 +156,9 @@ impl GitServer {
         }
     }
 
-    /// The server's root URL, `http://127.0.0.1:PORT`.
+    /// The server's root URL, `http://127.0.0.1:PORT` (or `https://`).
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// The URL of the repository `name` (a directory under the root, e.g. `alice.git`).
@@ -209,6 +247,7 @@ async fn accept_loop(
     addr: SocketAddr,
     shared: Arc<Shared>,
     mut fault: watch::Receiver<Fault>,
+    tls: Option<TlsAcceptor>,
 ) {
     let mut listener = Some(listener);
     loop {
@@ -235,19 +274,34 @@ async fn accept_loop(
                 let Ok((stream, _)) = accepted else { continue };
                 let shared = Arc::clone(&shared);
                 let fault = fault.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let shared = Arc::clone(&shared);
-                        let fault = *fault.borrow();
-                        async move { Ok::<_, std::convert::Infallible>(handle(&shared, fault, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match tls {
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                serve_connection(stream, shared, fault).await;
+                            }
+                        }
+                        None => serve_connection(stream, shared, fault).await,
+                    }
                 });
             }
         }
     }
+}
+
+async fn serve_connection<S>(stream: S, shared: Arc<Shared>, fault: watch::Receiver<Fault>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        let shared = Arc::clone(&shared);
+        let fault = *fault.borrow();
+        async move { Ok::<_, std::convert::Infallible>(handle(&shared, fault, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }
 
 async fn handle(shared: &Shared, fault: Fault, req: Request<Incoming>) -> Response<BoxBody> {
@@ -277,7 +331,20 @@ async fn handle(shared: &Shared, fault: Fault, req: Request<Incoming>) -> Respon
         Fault::Status500 => return plain(StatusCode::INTERNAL_SERVER_ERROR),
         Fault::Status403 => return plain(StatusCode::FORBIDDEN),
         Fault::Stall => std::future::pending::<()>().await,
-        Fault::None | Fault::RefuseConnections => {}
+        Fault::StallMidPack
+            if recorded.method == "POST" && recorded.path.ends_with("/git-receive-pack") =>
+        {
+            let mut body = req.into_body();
+            let mut read = 0;
+            while read < 64 * 1024 {
+                match body.frame().await {
+                    Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
+                    _ => break,
+                }
+            }
+            return std::future::pending().await;
+        }
+        Fault::None | Fault::RefuseConnections | Fault::StallMidPack => {}
     }
 
     let required = shared.password.lock().expect("password lock").clone();

@@ -103,3 +103,35 @@ fn a_pre_receive_rejection_reaches_the_client_with_its_message() {
     let (ok, stderr) = push(&work, &server.url("r.git"));
     assert!(ok, "{stderr}");
 }
+
+#[test]
+fn https_serves_the_same_to_a_client_that_trusts_the_fixture_certificate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = GitServer::start_https(&tmp.path().join("srv"));
+    let bare = server.create_bare("r.git");
+    let work = tmp.path().join("work");
+    repo_with_a_commit(&work);
+    let url = server.url("r.git");
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+
+    let untrusted = git_output(&work, ["push", &url, "main"]);
+    assert!(
+        !untrusted.status.success(),
+        "an unknown certificate is refused"
+    );
+
+    let out = testkit::git::command(&work)
+        .env("GIT_SSL_CAINFO", testkit::git_server::LOOPBACK_CA_FILE)
+        .args(["push", &url, "main"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        testkit::git::tree_of(&bare, "main"),
+        testkit::git::tree_of(&work, "main")
+    );
+}

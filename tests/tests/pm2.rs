@@ -264,3 +264,109 @@ fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
         (!alive(restarted) && !alive(dev_pid) && !alive(daemon)).then_some(())
     });
 }
+
+/// `SandboxLayout::shmastra()`'s own PM2 commands, pointed at this checkout's ecosystem file.
+fn shmastra_layout(ecosystem: &str, watcher: &Path) -> cloud_core::orchestrate::SandboxLayout {
+    let mut layout = cloud_core::orchestrate::SandboxLayout::shmastra();
+    let here = |cmd: &str| cmd.replace("/home/user/ecosystem.config.js", ecosystem);
+    layout.start_watcher = here(&layout.start_watcher);
+    layout.start_dev_server = here(&layout.start_dev_server);
+    layout.project_dir = "shmastra".into();
+    layout.watcher_env_file = ".project-watcher/.env".into();
+    layout.watcher_bin = watcher.display().to_string();
+    layout
+}
+
+#[tokio::test]
+async fn provision_drives_pm2_once_and_restarts_the_watcher_with_a_new_token() {
+    use cloud_core::UserId;
+    use cloud_core::orchestrate::{Orchestrator, Persistence};
+    use cloud_core::proxy::embedded::EmbeddedUpstream;
+    use cloud_core::sandbox::LocalSandbox;
+    use cloud_core::token::TokenSigner;
+
+    let pm2_bin = pm2_bin();
+    let watcher_bin = testkit::cargo_bin::project_watcher();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let repos = tmp.path().join("repos");
+    let pm2_home = tmp.path().join("pm2-home");
+    init_bare(&repos.join("alice.git"));
+    fs::create_dir_all(home.join("shmastra")).unwrap();
+    fs::write(home.join("shmastra/index.ts"), "work\n").unwrap();
+    let ecosystem = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../pm2/ecosystem.config.js")
+        .canonicalize()
+        .unwrap();
+    // Both installed on PATH, as in the sandbox template.
+    let path = format!(
+        "{}:{}:{}",
+        pm2_bin.parent().unwrap().display(),
+        watcher_bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut sandbox = LocalSandbox::new("sbx", &home)
+        .with_env("PATH", path)
+        .with_env("PM2_HOME", pm2_home.display().to_string())
+        .with_env("DEV_SERVER_CMD", "exec sleep 3600");
+    let mut env: Vec<(String, String)> = Vec::new();
+    for (name, value) in hermetic_env(&home) {
+        env.push((name.to_owned(), value.display().to_string()));
+        if name != "HOME" {
+            sandbox = sandbox.with_env(name, value.display().to_string());
+        }
+    }
+    env.push(("PM2_HOME".to_owned(), pm2_home.display().to_string()));
+    let pm2 = Pm2 {
+        bin: pm2_bin,
+        env,
+        home: pm2_home.clone(),
+    };
+    let orchestrator = |secret: u8| {
+        Orchestrator::new(
+            Some(Persistence {
+                host: EmbeddedUpstream::new(&repos).unwrap(),
+                signer: TokenSigner::new(&[secret; 32]).unwrap(),
+                git_url: repos.display().to_string(),
+            }),
+            shmastra_layout(ecosystem.to_str().unwrap(), &watcher_bin),
+        )
+    };
+    let alice = UserId::parse("alice").unwrap();
+    let token_in_pm2 = || {
+        let list: serde_json::Value = serde_json::from_str(&pm2.ok(&["jlist"], &[])).unwrap();
+        list.as_array()?
+            .iter()
+            .find(|a| a["name"] == "project-watcher")?["pm2_env"]["PROJECT_TOKEN"]
+            .as_str()
+            .map(str::to_owned)
+    };
+
+    let first = orchestrator(1).provision(&sandbox, &alice).await.unwrap();
+    assert!(first.watcher_started);
+    let pid = wait_online(&pm2, 0, 0);
+    wait_ready(&home.join("shmastra"), pid);
+    let token_a = TokenSigner::new(&[1; 32]).unwrap().mint(&alice);
+    assert_eq!(token_in_pm2().as_deref(), Some(token_a.as_str()));
+    until(PATIENCE, "the existing work on the remote", || {
+        remote_has(&repos.join("alice.git"), "index.ts").then_some(())
+    });
+
+    let again = orchestrator(1).provision(&sandbox, &alice).await.unwrap();
+    assert!(!again.changed_anything(), "{again:?}");
+    assert_eq!(pm2.app("project-watcher").map(|a| a.0), Some(pid));
+
+    // A new signing secret: the env file changes and PM2 restarts the watcher with it.
+    let rotated = orchestrator(2).provision(&sandbox, &alice).await.unwrap();
+    assert!(rotated.env_written && rotated.watcher_started);
+    let new_pid = wait_online(&pm2, 0, pid);
+    wait_ready(&home.join("shmastra"), new_pid);
+    let token_b = TokenSigner::new(&[2; 32]).unwrap().mint(&alice);
+    assert_eq!(token_in_pm2().as_deref(), Some(token_b.as_str()));
+
+    let daemon = pm2.daemon_pid().expect("the PM2 daemon's pid file");
+    pm2.ok(&["kill"], &[]);
+    until(PATIENCE, "PM2 and the watcher to be gone", || {
+        (!alive(new_pid) && !alive(daemon)).then_some(())
+    });
+}

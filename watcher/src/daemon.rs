@@ -120,13 +120,11 @@ type SaveJob = (Changes, oneshot::Sender<Result<Saved, DaemonError>>);
 impl Saver {
     fn save(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
-        match lock::remove_stale_index_lock(&self.git_dir, lock::STALE_INDEX_LOCK_AGE) {
-            Ok(true) => {
-                tracing::warn!("removed a stale .git/index.lock left by a dead git process")
-            }
-            Ok(false) => {}
-            Err(e) => tracing::warn!("cannot check .git/index.lock: {e}"),
-        }
+        self.remove_stale_locks();
+        let _marker = lock::SaveMarker::begin(&self.git_dir).map_err(|source| DaemonError::Io {
+            path: lock::state_dir(&self.git_dir),
+            source,
+        })?;
         let mut changes = changes.clone();
         if changes.env_changed {
             match manifest::sync(&self.workdir) {
@@ -142,6 +140,39 @@ impl Saver {
             dir: self.workdir.clone(),
             source,
         })
+    }
+
+    /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's `.lock`) that no
+    /// process holds: removed once 60 s old, or at once when a watcher died inside a save.
+    fn remove_stale_locks(&self) {
+        let predecessor_died = lock::SaveMarker::left_behind(&self.git_dir);
+        let max_age = if predecessor_died {
+            Duration::ZERO
+        } else {
+            lock::STALE_INDEX_LOCK_AGE
+        };
+        let branch = self
+            .repo
+            .find_reference("HEAD")
+            .ok()
+            .and_then(|head| head.symbolic_target().ok().flatten().map(str::to_owned));
+        let names = ["index", "HEAD"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(branch);
+        for name in names {
+            let path = self.git_dir.join(format!("{name}.lock"));
+            match lock::remove_stale_lock_file(&path, max_age) {
+                Ok(true) => tracing::warn!(
+                    path = %path.display(),
+                    "removed a stale git lock file left by a dead process"
+                ),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "cannot check a git lock file: {e}")
+                }
+            }
+        }
     }
 
     fn skipped(&self) -> Vec<SkippedFile> {
@@ -388,7 +419,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         Arc::clone(&filter),
         config.max_file_size,
     )?;
-    let first = saver.save(Changes::everything()).await?;
+    // A failed first pass (a stale lock, a full disk, a read-only `.git`) is retried like any
+    // other save: exiting would only make the supervisor restart us into the same fault.
+    let first = saver.save(Changes::everything()).await;
     let mut pusher = start_push(&config, &reader, &workdir);
     let mut book = StatusBook {
         git_dir: git_dir.clone(),
@@ -402,11 +435,26 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         save_failed: false,
         push_state: None,
     };
-    book.status.skipped_files = first.skipped;
     book.status.head = head_of(&reader).map(|h| h.to_string());
-    if let Some(c) = &first.committed {
-        log_commit(c);
-        book.status.last_commit_at = Some(status::timestamp(SystemTime::now()));
+    let mut retry: Option<(Changes, Instant, Duration)> = None;
+    match first {
+        Ok(first) => {
+            book.status.skipped_files = first.skipped;
+            if let Some(c) = &first.committed {
+                log_commit(c);
+                book.status.last_commit_at = Some(status::timestamp(SystemTime::now()));
+            }
+        }
+        Err(e) => {
+            tracing::error!(retry_in = ?FIRST_RETRY, "saving failed, trying again: {e}");
+            book.save_failed = true;
+            book.status.last_error = Some(format!("saving failed: {e}"));
+            retry = Some((
+                Changes::everything(),
+                Instant::now() + FIRST_RETRY,
+                FIRST_RETRY,
+            ));
+        }
     }
     if let Some(p) = &pusher {
         p.heads.send_replace(head_of(&reader));
@@ -424,7 +472,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         debounced_tx,
     ));
 
-    let mut retry: Option<(Changes, Instant, Duration)> = None;
     tokio::pin!(shutdown);
     loop {
         let retry_at = retry.as_ref().map(|r| r.1);

@@ -108,10 +108,11 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
 /// How old an `index.lock` must be before it counts as left behind by a dead process.
 pub const STALE_INDEX_LOCK_AGE: Duration = Duration::from_secs(60);
 
-/// Removes `.git/index.lock` when no process has it open and it is older than `max_age`.
-/// Returns whether it removed one. Call it with the repo lock held.
-pub fn remove_stale_index_lock(git_dir: &Path, max_age: Duration) -> io::Result<bool> {
-    let path = git_dir.join("index.lock");
+/// Removes a git lock file (`index.lock`, `refs/heads/main.lock`, ...) when no process has it
+/// open and it is older than `max_age`. Returns whether it removed it. Call it with the repo
+/// lock held.
+pub fn remove_stale_lock_file(path: &Path, max_age: Duration) -> io::Result<bool> {
+    let path = path.to_owned();
     let meta = match fs::symlink_metadata(&path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -129,6 +130,37 @@ pub fn remove_stale_index_lock(git_dir: &Path, max_age: Duration) -> io::Result<
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Present while a watcher saves (stage, index write, commit). A watcher killed inside a
+/// save leaves it behind, which tells the next one that the git lock files it finds are its
+/// predecessor's, not a live `git` command's, so they need not age 60 s before removal.
+pub struct SaveMarker {
+    path: PathBuf,
+}
+
+impl SaveMarker {
+    fn path(git_dir: &Path) -> PathBuf {
+        state_dir(git_dir).join("saving")
+    }
+
+    /// Whether the previous save ended without removing its marker (its process died).
+    pub fn left_behind(git_dir: &Path) -> bool {
+        Self::path(git_dir).exists()
+    }
+
+    /// Marks a save as started; the marker goes when this is dropped.
+    pub fn begin(git_dir: &Path) -> io::Result<Self> {
+        let path = Self::path(git_dir);
+        File::create(&path)?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for SaveMarker {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
     }
 }
 
@@ -196,10 +228,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let lock = dir.path().join("index.lock");
         fs::write(&lock, b"").unwrap();
-        assert!(!remove_stale_index_lock(dir.path(), Duration::from_secs(60)).unwrap());
+        assert!(!remove_stale_lock_file(&lock, Duration::from_secs(60)).unwrap());
         assert!(lock.exists());
-        assert!(remove_stale_index_lock(dir.path(), Duration::ZERO).unwrap());
+        assert!(remove_stale_lock_file(&lock, Duration::ZERO).unwrap());
         assert!(!lock.exists());
+    }
+
+    #[test]
+    fn a_save_marker_outlives_only_a_process_that_died_inside_the_save() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(state_dir(dir.path())).unwrap();
+        assert!(!SaveMarker::left_behind(dir.path()));
+        let marker = SaveMarker::begin(dir.path()).unwrap();
+        assert!(SaveMarker::left_behind(dir.path()));
+        drop(marker);
+        assert!(!SaveMarker::left_behind(dir.path()));
+        std::mem::forget(SaveMarker::begin(dir.path()).unwrap());
+        assert!(SaveMarker::left_behind(dir.path()));
     }
 
     #[test]
@@ -207,7 +252,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let lock = dir.path().join("index.lock");
         let _open = File::create(&lock).unwrap();
-        assert!(!remove_stale_index_lock(dir.path(), Duration::ZERO).unwrap());
+        assert!(!remove_stale_lock_file(&lock, Duration::ZERO).unwrap());
         assert!(lock.exists());
     }
 }

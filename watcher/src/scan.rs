@@ -49,7 +49,7 @@ pub fn kept_dirs(
     while let Some(dir) = stack.pop() {
         enter(&dir);
         warnings.extend(filter.load_dir(&dir));
-        for (rel, meta) in read_dir(workdir, &dir) {
+        for (rel, meta) in read_dir(workdir, &dir).unwrap_or_default() {
             if meta.is_dir()
                 && !filter.is_ignored(&rel, true)
                 && !is_nested_repo(&workdir.join(&rel))
@@ -62,16 +62,22 @@ pub fn kept_dirs(
     found
 }
 
-/// Every kept file, symlink and nested repository under `start`, with its metadata.
+/// Every kept file, symlink and nested repository under `start`, with its metadata, and the
+/// directories that could not be read (what was saved of them stands: unreadable is not gone).
 pub fn kept_entries(
     workdir: &Path,
     start: &Path,
     filter: &Filter,
-) -> Vec<(PathBuf, EntryKind, Metadata)> {
+) -> (Vec<(PathBuf, EntryKind, Metadata)>, Vec<PathBuf>) {
     let mut found = Vec::new();
+    let mut unreadable = Vec::new();
     let mut stack = vec![start.to_owned()];
     while let Some(dir) = stack.pop() {
-        for (rel, meta) in read_dir(workdir, &dir) {
+        let Some(entries) = read_dir(workdir, &dir) else {
+            unreadable.push(dir);
+            continue;
+        };
+        for (rel, meta) in entries {
             let is_dir = meta.is_dir();
             if filter.is_ignored(&rel, is_dir) {
                 continue;
@@ -83,25 +89,26 @@ pub fn kept_entries(
             }
         }
     }
-    found
+    (found, unreadable)
 }
 
-/// The entries of one directory with their `lstat`; a directory that vanished or cannot be
-/// read yields nothing (its removal arrives as an event of its own).
-fn read_dir(workdir: &Path, dir: &Path) -> Vec<(PathBuf, Metadata)> {
+/// The entries of one directory with their `lstat`; a directory that vanished yields nothing
+/// (its removal arrives as an event of its own), one that cannot be read `None`.
+fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, Metadata)>> {
     let entries = match fs::read_dir(workdir.join(dir)) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(Vec::new()),
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), "cannot read directory, its files are not saved: {e}");
-            return Vec::new();
+            tracing::warn!(dir = %dir.display(), "cannot read directory, its last saved files are kept: {e}");
+            return None;
         }
     };
-    entries
+    let entries = entries
         .flatten()
         .filter_map(|entry| {
             let meta = entry.metadata().ok()?;
             Some((dir.join(entry.file_name()), meta))
         })
-        .collect()
+        .collect();
+    Some(entries)
 }

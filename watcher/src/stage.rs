@@ -27,6 +27,14 @@ pub enum StageError {
     /// the batch is kept and tried again.
     #[error("cannot update the git index in {dir}: {source}")]
     Index { dir: PathBuf, source: git2::Error },
+    /// A readable file could not be stored (disk full, read-only `.git`): the batch is kept
+    /// and tried again, never committed without it.
+    #[error("cannot store {path} in the git object database of {dir}: {source}")]
+    Store {
+        dir: PathBuf,
+        path: PathBuf,
+        source: git2::Error,
+    },
 }
 
 /// A file left out of the commits, with its size in bytes.
@@ -39,6 +47,8 @@ pub struct Stager {
     max_file_size: u64,
     skipped: Skipped,
     dirty: bool,
+    /// The first readable file of this batch that could not be stored.
+    store_failure: Option<(PathBuf, git2::Error)>,
 }
 
 impl Stager {
@@ -59,6 +69,7 @@ impl Stager {
             max_file_size,
             skipped: Skipped::new(),
             dirty: false,
+            store_failure: None,
         })
     }
 
@@ -83,6 +94,13 @@ impl Stager {
         }
         for path in paths {
             self.stage_path(path, &filter);
+        }
+        if let Some((path, source)) = self.store_failure.take() {
+            return Err(StageError::Store {
+                dir: self.workdir.clone(),
+                path,
+                source,
+            });
         }
         if self.dirty {
             self.index.write().map_err(|source| StageError::Index {
@@ -132,7 +150,10 @@ impl Stager {
                 _ => return self.stage_path_not_dir(dir, filter),
             }
         }
-        let entries = scan::kept_entries(&self.workdir, dir, filter);
+        let (entries, unreadable) = scan::kept_entries(&self.workdir, dir, filter);
+        let in_scope = |path: &Path| {
+            (top || path.starts_with(dir)) && !unreadable.iter().any(|u| path.starts_with(u))
+        };
         let mut kept: HashSet<PathBuf> = HashSet::with_capacity(entries.len());
         for (rel, kind, meta) in entries {
             match kind {
@@ -145,13 +166,13 @@ impl Stager {
             .index
             .iter()
             .map(|entry| PathBuf::from(OsStr::from_bytes(&entry.path)))
-            .filter(|path| (top || path.starts_with(dir)) && !kept.contains(path))
+            .filter(|path| in_scope(path) && !kept.contains(path))
             .collect();
         for path in stale {
             self.remove_entry(&path);
         }
         self.skipped
-            .retain(|path, _| !(top || path.starts_with(dir)) || kept.contains(path));
+            .retain(|path, _| !in_scope(path) || kept.contains(path));
     }
 
     /// A subtree root that is no longer a kept directory: stage it as a single path.
@@ -187,6 +208,10 @@ impl Stager {
         }
         match self.index.add_path(rel) {
             Ok(()) => self.dirty = true,
+            // A readable file the file system refused to store: the whole batch waits for it.
+            Err(e) if is_store_failure(&e, &self.workdir.join(rel), meta) => {
+                self.store_failure.get_or_insert((rel.to_owned(), e));
+            }
             Err(e) => tracing::warn!(
                 path = %rel.display(),
                 "cannot save this file, its last saved version is kept: {}",
@@ -227,6 +252,15 @@ impl Stager {
             self.dirty = true;
         }
     }
+}
+
+/// Disk full, read-only `.git`, ...: not the file's fault (it is readable), and not a path
+/// git refuses (those are left out with a warning, or they would block every later save).
+fn is_store_failure(e: &git2::Error, abs: &Path, meta: &Metadata) -> bool {
+    matches!(
+        e.class(),
+        git2::ErrorClass::Os | git2::ErrorClass::Odb | git2::ErrorClass::Filesystem
+    ) && (!meta.is_file() || fs::File::open(abs).is_ok())
 }
 
 fn is_gone(e: &io::Error) -> bool {

@@ -107,18 +107,45 @@ pub fn timestamp(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
-/// Writes the status file through a temp file and a rename.
+/// Space kept in `.git/project-watcher/status.reserve` so that a full disk can still be
+/// reported: the status write that hits ENOSPC frees it and tries again.
+const RESERVE_BYTES: usize = 64 * 1024;
+
+/// Writes the status file through a temp file and a rename. On a full disk it spends the
+/// reserve to get the news out, and puts the reserve back once there is room again.
 pub fn write(git_dir: &Path, status: &Status) -> io::Result<()> {
-    let path = status_path(git_dir);
     let dir = state_dir(git_dir);
     fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!("status.json.tmp.{}", std::process::id()));
     let mut body = serde_json::to_vec_pretty(status).map_err(io::Error::other)?;
     body.push(b'\n');
-    let mut file = fs::File::create(&tmp)?;
-    file.write_all(&body)?;
-    file.sync_data()?;
-    fs::rename(&tmp, &path)
+    let reserve = dir.join("status.reserve");
+    match replace(git_dir, &body) {
+        Err(e) if e.kind() == io::ErrorKind::StorageFull && fs::remove_file(&reserve).is_ok() => {
+            replace(git_dir, &body)
+        }
+        Err(e) => Err(e),
+        Ok(()) => {
+            if fs::symlink_metadata(&reserve).is_err()
+                && fs::write(&reserve, [0u8; RESERVE_BYTES]).is_err()
+            {
+                let _ = fs::remove_file(&reserve);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn replace(git_dir: &Path, body: &[u8]) -> io::Result<()> {
+    let tmp = state_dir(git_dir).join(format!("status.json.tmp.{}", std::process::id()));
+    let written = fs::File::create(&tmp).and_then(|mut file| {
+        file.write_all(body)?;
+        file.sync_data()
+    });
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, status_path(git_dir))) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(())
 }
 
 pub fn read(git_dir: &Path) -> Result<Status, StatusError> {

@@ -25,6 +25,10 @@ use crate::scan;
 const RAW_CAPACITY: usize = 4096;
 /// How often directories that could not be watched are scanned instead.
 pub const UNWATCHED_RESCAN_EVERY: Duration = Duration::from_secs(10);
+/// A cap on directory watches below the kernel's `fs.inotify.max_user_watches`, so that the
+/// fallback to periodic rescans can be exercised by tests (or inotify use bounded on a shared
+/// host). It can only lower the limit: the kernel's still applies.
+pub const MAX_WATCHES_ENV: &str = "PROJECT_WATCHER_MAX_WATCHES";
 
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
@@ -44,6 +48,8 @@ pub struct TreeWatcher {
     /// Kept directories the kernel refused a watch for.
     unwatched: BTreeSet<PathBuf>,
     limit_reported: bool,
+    /// From [`MAX_WATCHES_ENV`].
+    max_watches: Option<usize>,
     problems: watch::Sender<Option<String>>,
 }
 
@@ -83,6 +89,9 @@ impl TreeWatcher {
             watched: BTreeSet::new(),
             unwatched: BTreeSet::new(),
             limit_reported: false,
+            max_watches: std::env::var(MAX_WATCHES_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             problems,
         };
         this.watch_rule_files();
@@ -220,10 +229,16 @@ impl TreeWatcher {
                 return;
             }
             self.unwatched.remove(rel);
-            match self
-                .watcher
-                .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive)
-            {
+            let capped = self
+                .max_watches
+                .is_some_and(|cap| self.watched.len() >= cap);
+            let watched = if capped {
+                Err(notify::Error::new(notify::ErrorKind::MaxFilesWatch))
+            } else {
+                self.watcher
+                    .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive)
+            };
+            match watched {
                 Ok(()) => {
                     self.watched.insert(rel.to_owned());
                 }
@@ -308,8 +323,14 @@ impl TreeWatcher {
         let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "unknown".to_owned());
+        let limit = match self.max_watches {
+            Some(cap) => {
+                format!("{MAX_WATCHES_ENV} = {cap}, fs.inotify.max_user_watches = {limit}")
+            }
+            None => format!("fs.inotify.max_user_watches = {limit}"),
+        };
         let message = format!(
-            "the kernel's inotify watch limit (fs.inotify.max_user_watches = {limit}) is reached: \
+            "the kernel's inotify watch limit ({limit}) is reached: \
              directories without a watch are rescanned every {}s instead; raise the limit \
              (sysctl fs.inotify.max_user_watches=...) to save changes at once",
             UNWATCHED_RESCAN_EVERY.as_secs()

@@ -341,7 +341,7 @@ fn a_hook_rejection_is_a_failure_with_the_hooks_message() {
 }
 
 #[test]
-fn someone_elses_push_sends_our_commits_to_a_recovery_branch_and_leaves_main_alone() {
+fn someone_elses_push_sends_our_commits_to_a_recovery_branch_until_a_sync() {
     let sb = Sandbox::new();
     let watcher = sb.watch(None);
     sb.write("a.txt", "ours, first\n");
@@ -383,7 +383,42 @@ fn someone_elses_push_sends_our_commits_to_a_recovery_branch_and_leaves_main_alo
     sb.wait_status("still diverged", |s| {
         s.state == State::Diverged && s.recovery_ref.as_deref() == Some(recovery.as_str())
     });
-    assert_eq!(sb.remote_rev("main"), Some(theirs), "never force-pushed");
+    assert_eq!(
+        sb.remote_rev("main"),
+        Some(theirs.clone()),
+        "never force-pushed"
+    );
+
+    // `project-watcher sync` takes the remote's tree; the next edit pushes to main again.
+    let home = sb.tmp.path().join("home");
+    let mut sync = Command::new(env!("CARGO_BIN_EXE_project-watcher"));
+    sync.args(["sync", "--dir"])
+        .arg(&sb.work)
+        .arg("--failure-file")
+        .arg(sb.tmp.path().join("sync-failure"));
+    for (k, v) in hermetic_env(&home) {
+        sync.env(k, v);
+    }
+    let out = sync.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sb.write("after-sync.txt", "back in step\n");
+    sb.wait_all_pushed();
+    let status = sb.status().unwrap();
+    assert_eq!(status.recovery_ref, None, "{status:#?}");
+    assert_eq!(sb.remote_rev("main"), Some(sb.local_head()));
+    let ancestry = git_output(&sb.bare, ["merge-base", "--is-ancestor", &theirs, "main"]);
+    assert!(
+        ancestry.status.success(),
+        "main grew on top of their commit"
+    );
+    assert_eq!(
+        git(&sb.bare, ["show", "main:after-sync.txt"]),
+        "back in step\n"
+    );
     let (exit, logs) = watcher.stop();
     assert_eq!(exit.code(), Some(0), "{logs}");
 }
@@ -406,4 +441,104 @@ fn sigterm_commits_the_pending_edit_and_pushes_it_before_exiting() {
     let status = sb.status().unwrap();
     assert_eq!(status.unpushed_commits, 0, "{status:#?}");
     assert!(status.last_push_error.is_none());
+}
+
+#[test]
+fn once_pushes_or_exits_1_saying_why() {
+    let sb = Sandbox::new();
+    let home = sb.tmp.path().join("home");
+    fs::create_dir_all(&home).unwrap();
+    let once = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_project-watcher"));
+        cmd.args(["once", "--dir"])
+            .arg(&sb.work)
+            .args(["--log-format", "json"])
+            .env("PROJECT_TOKEN", TOKEN);
+        for (k, v) in hermetic_env(&home) {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    sb.server.require_password(TOKEN);
+    sb.server.set_fault(Fault::Status500);
+    sb.write("a.txt", "a\n");
+    let out = once();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("500"), "{stderr}");
+    assert!(!stderr.contains(TOKEN));
+    assert_eq!(sb.remote_rev("main"), None);
+    let attempts = sb
+        .server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("service=git-receive-pack"))
+        .count();
+    assert_eq!(attempts, 1, "once makes one push attempt");
+
+    sb.server.set_fault(Fault::None);
+    let out = once();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sb.remote_rev("main"), Some(sb.local_head()));
+    assert_eq!(git(&sb.bare, ["show", "main:a.txt"]), "a\n");
+}
+
+#[test]
+fn https_remotes_work_with_the_system_trust_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = GitServer::start_https(&tmp.path().join("srv"));
+    let bare = server.create_bare("user.git");
+    let work = tmp.path().join("project");
+    init_repo(&work);
+    git(&work, ["remote", "add", "project", &server.url("user.git")]);
+    fs::write(work.join("a.txt"), "over TLS\n").unwrap();
+    let home = tmp.path().join("home");
+    fs::create_dir_all(&home).unwrap();
+    let once = |ca_file: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_project-watcher"));
+        cmd.args(["once", "--dir"])
+            .arg(&work)
+            .args(["--log-format", "json"])
+            .env("PROJECT_TOKEN", TOKEN)
+            .env_remove("SSL_CERT_DIR");
+        for (k, v) in hermetic_env(&home) {
+            cmd.env(k, v);
+        }
+        match ca_file {
+            Some(file) => cmd.env("SSL_CERT_FILE", file),
+            None => cmd.env_remove("SSL_CERT_FILE"),
+        };
+        cmd.output().unwrap()
+    };
+
+    let untrusted = once(None);
+    let said = String::from_utf8_lossy(&untrusted.stderr);
+    assert_eq!(untrusted.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("certificate"),
+        "an unknown certificate is refused: {said}"
+    );
+    assert_eq!(tree_of(&bare, "main"), None);
+
+    let out = once(Some(testkit::git_server::LOOPBACK_CA_FILE));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(git(&bare, ["show", "main:a.txt"]), "over TLS\n");
+    let tag = format!("project-watcher/{}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        server.requests().iter().all(|r| r
+            .user_agent
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&tag))
+    );
 }

@@ -250,3 +250,140 @@ fn a_running_watcher_commits_only_the_users_changes_after_a_sync() {
     assert!(!remote_has(&s.remote, "old.txt"));
     drop(watcher);
 }
+
+#[test]
+fn restore_over_smart_http_sends_the_token_once_and_never_prints_it() {
+    let s = setup();
+    let root = s.tmp.path().join("served");
+    fs::create_dir_all(&root).unwrap();
+    let server = testkit::git_server::GitServer::start(&root);
+    git(
+        s.tmp.path(),
+        [
+            "clone",
+            "-q",
+            "--bare",
+            s.remote.to_str().unwrap(),
+            root.join("alice.git").to_str().unwrap(),
+        ],
+    );
+    server.require_password("right-token");
+    let template = s.tmp.path().join("template");
+    init_repo(&template);
+    fs::write(template.join("template-only.txt"), "goes away\n").unwrap();
+    git(
+        &template,
+        ["remote", "add", "project", &server.url("alice.git")],
+    );
+    let restore = |token: &str| {
+        s.watcher()
+            .env("PROJECT_TOKEN", token)
+            .args(["restore", "--dir", template.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+
+    let refused = restore("wrong-token");
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("PROJECT_TOKEN"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!stderr(&refused).contains("wrong-token"));
+    let tries = server
+        .requests()
+        .iter()
+        .filter(|r| r.basic_password().as_deref() == Some("wrong-token"))
+        .count();
+    assert_eq!(tries, 1, "a refused token is not sent again");
+    assert!(template.join("template-only.txt").exists());
+
+    let out = restore("right-token");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        tree_of_add_all(&template),
+        tree_of(&s.remote, "main").unwrap()
+    );
+    assert!(!template.join("template-only.txt").exists());
+    assert!(
+        server.requests().iter().all(|r| r
+            .user_agent
+            .as_deref()
+            .is_some_and(|ua| ua.contains("project-watcher/"))),
+        "every request carries the watcher's User-Agent"
+    );
+}
+
+#[test]
+fn a_sync_ends_the_diverged_state_and_keeps_the_rejected_work_in_a_backup() {
+    let s = setup();
+    let _watcher = Running(
+        s.watcher()
+            .args([
+                "watch",
+                "--dir",
+                s.sandbox.to_str().unwrap(),
+                "--debounce",
+                "200ms",
+                "--max-delay",
+                "2s",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let state = || {
+        project_watcher::status::read(&s.sandbox.join(".git"))
+            .ok()
+            .map(|st| st.state)
+    };
+    fs::write(s.sandbox.join("warmup.txt"), "up\n").unwrap();
+    until(PATIENCE, "the warm-up edit on the remote", || {
+        remote_has(&s.remote, "warmup.txt").then_some(())
+    });
+    git(&s.laptop, ["pull", "-q", "origin", "main"]);
+    s.push_from_laptop();
+    // The sandbox saves work the remote cannot take: its push is refused as non-fast-forward.
+    fs::write(s.sandbox.join("rejected.txt"), "mine, not on the remote\n").unwrap();
+    until(PATIENCE, "the watcher to report diverged", || {
+        (state() == Some(project_watcher::status::State::Diverged)).then_some(())
+    });
+
+    let out = s.run(&[
+        "sync",
+        "--dir",
+        s.sandbox.to_str().unwrap(),
+        "--failure-file",
+        s.failure_file().to_str().unwrap(),
+        "--install-cmd",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let backups = git(
+        &s.sandbox,
+        [
+            "for-each-ref",
+            "--format=%(refname)",
+            "refs/project-watcher/backup/",
+        ],
+    );
+    let backup = backups.trim();
+    assert_eq!(
+        git(&s.sandbox, ["show", &format!("{backup}:rejected.txt")]),
+        "mine, not on the remote\n"
+    );
+    fs::write(s.sandbox.join("after-sync.txt"), "pushes again\n").unwrap();
+    until(PATIENCE, "a normal push after the sync", || {
+        remote_has(&s.remote, "after-sync.txt").then_some(())
+    });
+    until(PATIENCE, "the watcher to leave the diverged state", || {
+        (state() == Some(project_watcher::status::State::Idle)).then_some(())
+    });
+    assert_eq!(
+        git(&s.remote, ["show", "main:app.ts"]),
+        "v2 from the laptop\n"
+    );
+}

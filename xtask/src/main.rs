@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod soak;
 
 use std::process::Command;
 
@@ -23,6 +24,8 @@ enum Task {
     Bench(bench::Options),
     /// The whole system on one machine: proxy, watcher, an edit saved, an external push synced.
     Demo,
+    /// The reliability suite with big numbers in a release build (RELIABILITY.md).
+    Soak(soak::Options),
 }
 
 fn main() -> Result<()> {
@@ -30,6 +33,7 @@ fn main() -> Result<()> {
         Task::Ci => ci(),
         Task::Bench(options) => bench::run(options),
         Task::Demo => demo::run(),
+        Task::Soak(options) => soak::run(options),
     }
 }
 

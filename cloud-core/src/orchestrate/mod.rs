@@ -16,6 +16,7 @@ use futures_util::FutureExt;
 use crate::UserId;
 use crate::gitlab::{GitLab, GitLabError};
 use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
+use crate::proxy::embedded::EmbeddedUpstream;
 use crate::sandbox::{Exec, ExecOutput, Sandbox, SandboxError};
 use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env};
 use crate::token::TokenSigner;
@@ -77,16 +78,41 @@ impl SandboxLayout {
     }
 }
 
-/// Where user projects are created. GitLab in production; tests and local setups may use
-/// anything that makes the repository exist.
+/// Where user projects are created: GitLab in production, the embedded upstream on one
+/// machine.
 pub trait ProjectHost: Send + Sync {
+    type Error: std::error::Error + Send + Sync + 'static;
+
     fn ensure_project(&self, user: &UserId)
-    -> impl Future<Output = Result<(), GitLabError>> + Send;
+    -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Whether the same call may succeed later without anyone changing the setup.
+    fn is_transient(error: &Self::Error) -> bool;
 }
 
 impl ProjectHost for GitLab {
+    type Error = GitLabError;
+
     async fn ensure_project(&self, user: &UserId) -> Result<(), GitLabError> {
         self.ensure_user_project(user).await.map(|_| ())
+    }
+
+    fn is_transient(error: &GitLabError) -> bool {
+        error.is_transient()
+    }
+}
+
+impl ProjectHost for EmbeddedUpstream {
+    type Error = std::convert::Infallible;
+
+    /// Nothing to do ahead of time: the embedded upstream creates a user's repository on the
+    /// first request for it, which `restore` or the watcher's first push makes.
+    async fn ensure_project(&self, _user: &UserId) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn is_transient(error: &Self::Error) -> bool {
+        match *error {}
     }
 }
 
@@ -108,7 +134,11 @@ impl<H> Persistence<H> {
 #[derive(Debug, thiserror::Error)]
 pub enum OrchestrateError {
     #[error("cannot create the project of user {user}: {source}")]
-    Host { user: UserId, source: GitLabError },
+    Host {
+        user: UserId,
+        transient: bool,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
     #[error("the saved project of user {user} has a bad {MANIFEST_FILE}: {source}")]
@@ -128,7 +158,7 @@ impl OrchestrateError {
     /// Whether trying again later may succeed without anyone changing the setup.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Host { source, .. } => source.is_transient(),
+            Self::Host { transient, .. } => *transient,
             Self::Sandbox(SandboxError::Timeout { .. }) => true,
             Self::Sandbox(_) | Self::Command { .. } | Self::Manifest { .. } | Self::Form(_) => {
                 false
@@ -198,7 +228,9 @@ impl<H: ProjectHost> Orchestrator<H> {
 
     /// Ensures the user's project, writes the watcher's environment, points the `project`
     /// remote at the proxy and starts the watcher. Running it again changes nothing.
-    /// With the feature off it does nothing.
+    /// With the feature off it does nothing. This is for a sandbox that already holds the
+    /// user's work (back-fill); a fresh one goes through [`Orchestrator::begin_restore`] first,
+    /// or the watcher would save the template over the saved project.
     pub async fn provision<S: Sandbox>(
         &self,
         sandbox: &S,
@@ -238,7 +270,8 @@ impl<H: ProjectHost> Orchestrator<H> {
             .await
             .map_err(|source| OrchestrateError::Host {
                 user: user.clone(),
-                source,
+                transient: H::is_transient(&source),
+                source: Box::new(source),
             })?;
         let mut done = Provisioned::default();
         let dir = sandbox.home().join(&self.layout.project_dir);

@@ -25,13 +25,14 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 
 use crate::UserId;
 use crate::token::TokenSigner;
 use events::{OnExternalPush, RecentPushes};
 use push_watch::PushWatch;
 use route::{Endpoint, Service};
+use stream::ReadProgress;
 use upstream::{Upstream, UpstreamError, UpstreamRequest};
 
 pub use events::ExternalPush;
@@ -41,8 +42,8 @@ pub use events::ExternalPush;
 pub struct ProxyLimits {
     /// Largest request body (a push's pack); beyond it the request fails with 413.
     pub max_request_bytes: u64,
-    /// How long the upstream may take to start its response (a push's response starts after
-    /// the whole pack is stored).
+    /// How long the upstream may take to start its response once it has the whole request
+    /// (the upload of a large pack does not count against it; the idle timeout covers that).
     pub upstream_timeout: Duration,
     /// Longest silence within a body, either direction.
     pub idle_timeout: Duration,
@@ -139,9 +140,15 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         )
     });
     let tripped = Arc::new(AtomicBool::new(false));
+    let progress = match endpoint.method() {
+        Method::GET => ReadProgress::finished(),
+        _ => Arc::default(),
+    };
     let body = {
         let idle = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
         let limited = stream::limited(idle, limit, tripped.clone());
+        let declared = content_length(&parts.headers);
+        let limited = stream::report_progress(limited, progress.clone(), declared);
         match watch.clone() {
             Some(watch) => Body::from_stream(stream::tapped(limited, move |chunk| {
                 watch.request_chunk(chunk)
@@ -149,16 +156,27 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             None => Body::from_stream(limited),
         }
     };
-    let forwarded = tokio::time::timeout(
-        proxy.limits.upstream_timeout,
-        proxy.upstream.forward(UpstreamRequest {
-            user: user.clone(),
-            endpoint,
-            headers: headers::to_upstream(&parts.headers),
-            body,
-        }),
-    )
-    .await;
+    let forward = proxy.upstream.forward(UpstreamRequest {
+        user: user.clone(),
+        endpoint,
+        headers: headers::to_upstream(&parts.headers),
+        body,
+    });
+    tokio::pin!(forward);
+    // While the upstream reads the body it may take as long as the upload does, as long as it
+    // keeps reading; once it has the body, `upstream_timeout` bounds its answer.
+    let forwarded = loop {
+        let patience = if progress.ended() {
+            proxy.limits.upstream_timeout
+        } else {
+            proxy.limits.idle_timeout
+        };
+        tokio::select! {
+            result = &mut forward => break Ok(result),
+            () = progress.changed() => {}
+            () = tokio::time::sleep(patience) => break Err(()),
+        }
+    };
     let service = endpoint.service().name();
     let endpoint_path = endpoint.service_path();
     let elapsed_ms = started.elapsed().as_millis() as u64;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::BoxError;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
+use tokio::sync::Notify;
 
 /// Why a body stream stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,73 @@ where
             Err(_) => Some((Err(StreamError::Idle(idle)), None)),
         }
     })
+}
+
+/// How far the upstream has read a request body: each chunk it pulls and the end are signalled,
+/// so the proxy can tell an upstream that is still reading from one that is stuck.
+#[derive(Debug, Default)]
+pub struct ReadProgress {
+    pulled: Notify,
+    ended: AtomicBool,
+}
+
+impl ReadProgress {
+    /// A body with nothing to read (a GET) is read in full from the start.
+    pub fn finished() -> Arc<ReadProgress> {
+        let progress = ReadProgress::default();
+        progress.ended.store(true, Ordering::SeqCst);
+        Arc::new(progress)
+    }
+
+    /// The upstream has the whole body (or the body failed).
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
+    /// Resolves at the next chunk or end after the last call.
+    pub async fn changed(&self) {
+        self.pulled.notified().await
+    }
+
+    fn pull(&self) {
+        self.pulled.notify_one();
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        self.pulled.notify_one();
+    }
+}
+
+/// Reports every chunk pulled from `stream`, and its end, to `progress`. With a declared
+/// length the end is the last declared byte: an HTTP client that sends a length-delimited body
+/// stops pulling once it has that many bytes.
+pub fn report_progress<S, E>(
+    stream: S,
+    progress: Arc<ReadProgress>,
+    declared_len: Option<u64>,
+) -> impl Stream<Item = Result<Bytes, E>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: Send + 'static,
+{
+    let at_end = progress.clone();
+    let mut pulled: u64 = 0;
+    stream
+        .inspect(move |item| match item {
+            Ok(chunk) => {
+                pulled = pulled.saturating_add(chunk.len() as u64);
+                if declared_len.is_some_and(|len| pulled >= len) {
+                    progress.end();
+                } else {
+                    progress.pull();
+                }
+            }
+            Err(_) => progress.end(),
+        })
+        .chain(
+            futures_util::stream::once(async move { at_end.end() }).filter_map(|()| async { None }),
+        )
 }
 
 /// Shows every chunk to `inspect` as it passes.
@@ -132,6 +200,30 @@ mod tests {
             out.next().await.is_none(),
             "the stream ends after its timeout"
         );
+    }
+
+    #[tokio::test]
+    async fn progress_reports_each_chunk_and_the_end() {
+        let progress = Arc::new(ReadProgress::default());
+        let mut out = Box::pin(report_progress(chunks(&[1, 2]), progress.clone(), None));
+        assert!(out.next().await.is_some());
+        progress.changed().await;
+        assert!(!progress.ended());
+        assert!(out.next().await.is_some());
+        assert!(!progress.ended());
+        assert!(out.next().await.is_none());
+        assert!(progress.ended());
+        assert!(ReadProgress::finished().ended());
+    }
+
+    #[tokio::test]
+    async fn the_last_declared_byte_is_the_end() {
+        let progress = Arc::new(ReadProgress::default());
+        let mut out = Box::pin(report_progress(chunks(&[1, 2]), progress.clone(), Some(3)));
+        assert!(out.next().await.is_some());
+        assert!(!progress.ended());
+        assert!(out.next().await.is_some());
+        assert!(progress.ended(), "ended before the stream says so");
     }
 
     #[tokio::test]

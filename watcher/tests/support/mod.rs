@@ -1,0 +1,435 @@
+//! Shared harness of the reliability suite: a project with a remote, the real
+//! `project-watcher` binary started, killed and restarted, and the checks every case ends with
+//! (the remote holds the working tree, `git fsck` is clean, the daemon idles).
+
+#![allow(dead_code)] // each test binary uses its own part of the harness
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use project_watcher::status::{self, State, Status};
+use testkit::git::{command, git, git_output, hermetic_env, init_bare, init_repo, tree_of};
+use testkit::git_server::GitServer;
+use testkit::wait::until;
+
+/// Generous: other builds and tests share the machine's two cores.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A number from the environment (the soak raises them), or the short-run default.
+pub fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The line the soak collects for RELIABILITY.md.
+pub fn report(case: &str, figures: &str) {
+    println!("RELIABILITY {case}: {figures}");
+}
+
+/// A small seeded generator (splitmix64): a failing run is replayed with its printed seed.
+pub struct Rng(u64);
+
+impl Rng {
+    /// From `RELIABILITY_SEED`, else the clock; the seed is printed either way.
+    pub fn from_env(case: &str) -> Self {
+        let seed = std::env::var("RELIABILITY_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        println!("{case}: RELIABILITY_SEED={seed}");
+        Rng(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    pub fn millis(&mut self, max: u64) -> Duration {
+        Duration::from_millis(self.below(max + 1))
+    }
+}
+
+/// A working tree with a `project` remote: a local bare repository, or a bare repository
+/// served over smart HTTP by `testkit::git_server` (for network faults).
+pub struct Project {
+    pub root: PathBuf,
+    pub work: PathBuf,
+    pub bare: PathBuf,
+    pub home: PathBuf,
+    pub server: Option<GitServer>,
+}
+
+impl Project {
+    /// A project under `root` pushing to a local bare repository.
+    pub fn local(root: &Path) -> Self {
+        let bare = root.join("remote.git");
+        init_bare(&bare);
+        Self::with_remote(root, bare.clone(), bare.to_string_lossy().into_owned())
+    }
+
+    /// A project under `root` pushing over HTTP to `git http-backend`.
+    pub fn served(root: &Path) -> Self {
+        let server = GitServer::start(&root.join("srv"));
+        let bare = server.create_bare("user.git");
+        let url = server.url("user.git");
+        let mut project = Self::with_remote(root, bare, url);
+        project.server = Some(server);
+        project
+    }
+
+    fn with_remote(root: &Path, bare: PathBuf, url: String) -> Self {
+        let work = root.join("project");
+        init_repo(&work);
+        git(&work, ["remote", "add", "project", &url]);
+        let home = root.join("home");
+        fs::create_dir_all(&home).unwrap();
+        Self {
+            root: root.to_owned(),
+            work,
+            bare,
+            home,
+            server: None,
+        }
+    }
+
+    pub fn git_dir(&self) -> PathBuf {
+        self.work.join(".git")
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.work.join(rel)
+    }
+
+    pub fn write(&self, rel: &str, body: impl AsRef<[u8]>) {
+        let path = self.work.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).unwrap();
+        }
+        fs::write(path, body).unwrap();
+    }
+
+    pub fn status(&self) -> Option<Status> {
+        status::read(&self.git_dir()).ok()
+    }
+
+    /// Waits for a status the check accepts; the last status seen is in the panic message.
+    pub fn wait_status(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Status) -> bool,
+    ) -> Status {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.status();
+            if let Some(s) = status.as_ref().filter(|s| check(s)) {
+                return s.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {what}; last status: {status:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// The watcher, started with short debounce times; logs (JSON, debug) go to a file
+    /// outside the project.
+    pub fn spawn(&self, args: &[&str], envs: &[(&str, &str)]) -> Watcher {
+        self.spawn_via(None, args, envs)
+    }
+
+    /// [`Self::start`] as another user: `setpriv` with `ids` (`--reuid=...`).
+    pub fn start_as(&self, ids: &[&str], args: &[&str]) -> Watcher {
+        let watcher = self.spawn_via(Some(ids), args, &[]);
+        self.wait_started(watcher)
+    }
+
+    fn spawn_via(&self, setpriv: Option<&[&str]>, args: &[&str], envs: &[(&str, &str)]) -> Watcher {
+        let log = self.root.join(format!("watcher-{}.log", now_nanos()));
+        let bin = env!("CARGO_BIN_EXE_project-watcher");
+        let mut cmd = match setpriv {
+            Some(ids) => {
+                let mut cmd = Command::new("setpriv");
+                cmd.args(ids).arg(bin);
+                cmd
+            }
+            None => Command::new(bin),
+        };
+        cmd.args(["watch", "--dir"])
+            .arg(&self.work)
+            .args(["--log-format", "json"])
+            .args(args)
+            .env_remove("PROJECT_TOKEN")
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap());
+        if !args.contains(&"--debounce") {
+            cmd.args(["--debounce", "100ms", "--max-delay", "1s"]);
+        }
+        for (k, v) in hermetic_env(&self.home) {
+            cmd.env(k, v);
+        }
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start project-watcher");
+        Watcher { child, log }
+    }
+
+    /// [`Self::spawn`], then waits until the watcher wrote its first status.
+    pub fn start(&self, args: &[&str], envs: &[(&str, &str)]) -> Watcher {
+        let watcher = self.spawn(args, envs);
+        self.wait_started(watcher)
+    }
+
+    fn wait_started(&self, mut watcher: Watcher) -> Watcher {
+        let pid = watcher.pid();
+        let deadline = Instant::now() + PATIENCE;
+        while self.status().is_none_or(|s| s.pid != pid) {
+            if let Some(exit) = watcher.child.try_wait().unwrap() {
+                panic!(
+                    "the watcher exited with {exit} at start:\n{}",
+                    watcher.logs()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the watcher did not start:\n{}",
+                watcher.logs()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        watcher
+    }
+
+    /// What `git add -A` would commit now, leaving out the paths in `except`.
+    pub fn expected_tree(&self, except: &[&str]) -> String {
+        let scratch = tempfile::NamedTempFile::new().unwrap();
+        let index = scratch.path().to_owned();
+        drop(scratch);
+        let mut args = vec!["add", "-A", "--", "."];
+        let excluded: Vec<String> = except
+            .iter()
+            .map(|p| format!(":(exclude,literal){p}"))
+            .collect();
+        args.extend(excluded.iter().map(String::as_str));
+        let run = |args: &[&str]| {
+            let out = command(&self.work)
+                .env("GIT_INDEX_FILE", &index)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "git {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        run(&args);
+        let tree = run(&["write-tree"]);
+        let _ = fs::remove_file(&index);
+        tree
+    }
+
+    /// Waits until `HEAD` holds what `git add -A` would commit (minus `except`).
+    pub fn wait_committed(&self, except: &[&str], timeout: Duration) {
+        until(timeout, "HEAD to hold the working tree", || {
+            let expected = self.expected_tree(except);
+            (tree_of(&self.work, "HEAD").as_deref() == Some(expected.as_str())).then_some(())
+        });
+    }
+
+    /// Waits until the remote `main` holds the working tree and the status says all is pushed.
+    pub fn wait_pushed(&self, timeout: Duration) -> Status {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let expected = self.expected_tree(&[]);
+            let remote = tree_of(&self.bare, "main");
+            let status = self.status();
+            let done = remote.as_deref() == Some(expected.as_str())
+                && status.as_ref().is_some_and(|s| {
+                    s.unpushed_commits == 0 && s.state == State::Idle && s.last_push_error.is_none()
+                });
+            if done {
+                return status.unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for the remote to hold the working tree \
+                 (remote {remote:?}, expected {expected}); last status: {status:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The bytes of `rel` in the remote `main`, `None` when it has no such path.
+    pub fn remote_file(&self, rel: &str) -> Option<Vec<u8>> {
+        let out = git_output(&self.bare, ["cat-file", "blob", &format!("main:{rel}")]);
+        out.status.success().then_some(out.stdout)
+    }
+
+    /// `git fsck --strict` in the working repository and the remote both pass.
+    pub fn assert_fsck_clean(&self) {
+        for dir in [&self.work, &self.bare] {
+            let out = git_output(dir, ["fsck", "--strict", "--no-progress"]);
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                out.status.success(),
+                "git fsck in {}:\n{text}",
+                dir.display()
+            );
+            for bad in ["error", "missing", "broken", "corrupt", "bad "] {
+                assert!(
+                    !text.contains(bad),
+                    "git fsck in {}:\n{text}",
+                    dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// A running `project-watcher watch`.
+pub struct Watcher {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Watcher {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: no flush, no cleanup, as a crash or an OOM kill.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then the exit status and the logs.
+    pub fn stop(mut self) -> (ExitStatus, String) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let status = until(PATIENCE, "the watcher to exit", || {
+            self.child.try_wait().unwrap()
+        });
+        (status, self.logs())
+    }
+
+    pub fn logs(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// CPU seconds (user + system) the watcher used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // Fields after the `(comm)`, which may hold spaces: state is field 3, utime 14, stime 15.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after.split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        ticks as f64 / clock_ticks_per_second()
+    }
+
+    /// CPU seconds used over `window` (the watcher must be idle or backing off meanwhile).
+    pub fn cpu_over(&self, window: Duration) -> f64 {
+        let before = self.cpu_seconds();
+        std::thread::sleep(window);
+        self.cpu_seconds() - before
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn clock_ticks_per_second() -> f64 {
+    let out = Command::new("getconf").arg("CLK_TCK").output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(100.0)
+}
+
+pub fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Running as root (mounts, sysctls); tests that need it print SKIPPED otherwise.
+pub fn is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// A tmpfs of `size` mounted at `at`, unmounted on drop; `None` (with SKIPPED printed) when
+/// this process may not mount.
+pub struct Tmpfs {
+    pub at: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(at: &Path, size: &str, case: &str) -> Option<Self> {
+        fs::create_dir_all(at).unwrap();
+        let ok = is_root()
+            && Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(at)
+                .status()
+                .is_ok_and(|s| s.success());
+        if !ok {
+            println!("SKIPPED {case}: needs root to mount a tmpfs");
+            return None;
+        }
+        Some(Self { at: at.to_owned() })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+    }
+}

@@ -1,0 +1,93 @@
+//! `cargo xtask soak`: the reliability suite (RELIABILITY.md) with big numbers, in a release
+//! build: hundreds of `kill -9` rounds, minutes-long outages, many proptest cases. Prints
+//! the figures every case reports and writes them to `target/soak-report.txt`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// `kill -9` rounds of the crash test.
+    #[arg(long, default_value_t = 300)]
+    rounds: u64,
+    /// How long each network fault lasts, in seconds.
+    #[arg(long, default_value_t = 120)]
+    outage_secs: u64,
+    /// Cases per parser property.
+    #[arg(long, default_value_t = 20_000)]
+    proptest_cases: u64,
+    /// Replays a run (the seed each randomised test printed).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// The test targets of the suite, by package.
+const SUITES: &[(&str, &[&str])] = &[
+    (
+        "project-watcher",
+        &[
+            "reliability_crash",
+            "reliability_faults",
+            "reliability_inotify",
+            "reliability_hostile",
+        ],
+    ),
+    ("cloud-core", &["parsers_proptest"]),
+    ("e2e", &["reliability_manifest"]),
+];
+
+pub fn run(options: Options) -> Result<()> {
+    let started = Instant::now();
+    let mut figures = Vec::new();
+    for (package, tests) in SUITES {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(&cargo);
+        cmd.args(["test", "--release", "--locked", "-p", package]);
+        for test in *tests {
+            cmd.args(["--test", test]);
+        }
+        cmd.args(["--", "--nocapture"])
+            .env("RELIABILITY_ROUNDS", options.rounds.to_string())
+            .env("RELIABILITY_OUTAGE_SECS", options.outage_secs.to_string())
+            .env("PROPTEST_CASES", options.proptest_cases.to_string())
+            .stdout(Stdio::piped());
+        if let Some(seed) = options.seed {
+            cmd.env("RELIABILITY_SEED", seed.to_string());
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("running the {package} reliability tests"))?;
+        let stdout = child.stdout.take().context("test output")?;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.context("reading test output")?;
+            println!("{line}");
+            if line.starts_with("RELIABILITY ")
+                || line.starts_with("SKIPPED")
+                || line.contains("RELIABILITY_SEED=")
+            {
+                figures.push(line);
+            }
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            bail!(
+                "the {package} reliability tests failed ({status}); figures so far:\n{}",
+                figures.join("\n")
+            );
+        }
+    }
+    let report = format!(
+        "soak finished in {} s (rounds={}, outage_secs={}, proptest_cases={})\n{}\n",
+        started.elapsed().as_secs(),
+        options.rounds,
+        options.outage_secs,
+        options.proptest_cases,
+        figures.join("\n")
+    );
+    print!("\n{report}");
+    std::fs::write("target/soak-report.txt", &report).context("writing target/soak-report.txt")?;
+    Ok(())
+}
