@@ -253,6 +253,20 @@ impl SaveWorker {
     }
 }
 
+/// Brings `shmastra.json` in line with `.env` under the repo lock.
+async fn sync_manifest(workdir: &Path, git_dir: &Path) -> Result<(), DaemonError> {
+    let (workdir, git_dir) = (workdir.to_owned(), git_dir.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let _lock = RepoLock::acquire(&git_dir)?;
+        if let Err(e) = manifest::sync(&workdir) {
+            tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE);
+        }
+        Ok(())
+    })
+    .await
+    .expect("the manifest task does not panic")
+}
+
 struct Setup {
     reader: Repository,
     workdir: PathBuf,
@@ -403,6 +417,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         filter,
     } = setup(&config)?;
     let _instance = InstanceLock::try_acquire(&git_dir)?;
+    // Written before the watches exist, so the watcher does not see its own write as a change.
+    sync_manifest(&workdir, &git_dir).await?;
     let (problems_tx, mut problems) = watch::channel(None);
     let watcher = {
         let (workdir, git_dir, filter) = (workdir.clone(), git_dir.clone(), Arc::clone(&filter));
@@ -518,6 +534,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
                 book.save_failed = true;
                 book.status.last_error = Some(format!("saving failed: {e}"));
+                // A full pass on retry also repairs whatever state made this one fail.
+                changes.merge(Changes::everything());
                 retry = Some((changes, Instant::now() + wait, wait));
             }
         }

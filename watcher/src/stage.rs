@@ -206,6 +206,7 @@ impl Stager {
         {
             return;
         }
+        self.clear_the_way(rel);
         match self.index.add_path(rel) {
             Ok(()) => self.dirty = true,
             // A readable file the file system refused to store: the whole batch waits for it.
@@ -223,7 +224,7 @@ impl Stager {
     /// A nested repository is recorded as a gitlink to its `HEAD`, as `git add -A` does.
     /// Without a commit `git add -A` refuses the whole add; here only that directory is left out.
     fn add_nested_repo(&mut self, rel: &Path) {
-        self.remove_dir_entries(rel);
+        self.clear_the_way(rel);
         match self.index.add_path(rel) {
             Ok(()) => self.dirty = true,
             Err(e) => tracing::warn!(
@@ -231,6 +232,18 @@ impl Stager {
                 "nested git repository is not saved (it needs a commit checked out): {}",
                 e.message()
             ),
+        }
+    }
+
+    /// A file where a directory was (or the other way round) must not leave the old entries
+    /// behind: an index with both `a` and `a/b` cannot be written as a tree.
+    fn clear_the_way(&mut self, rel: &Path) {
+        self.remove_dir_entries(rel);
+        for ancestor in rel.ancestors().skip(1) {
+            if ancestor.as_os_str().is_empty() {
+                break;
+            }
+            self.remove_entry(ancestor);
         }
     }
 

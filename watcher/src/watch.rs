@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use notify::event::EventKind;
+use notify::event::{EventKind, ModifyKind, RenameMode};
 use notify::{Event, INotifyWatcher, RecursiveMode, Watcher};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -155,15 +155,25 @@ impl TreeWatcher {
             tracing::warn!("the kernel dropped file events; rescanning the whole project");
             return self.rescan_all(changes);
         }
-        if matches!(event.kind, EventKind::Access(_)) {
+        // A rename also arrives as its `From` and `To` halves, handled one by one.
+        if matches!(
+            event.kind,
+            EventKind::Access(_) | EventKind::Modify(ModifyKind::Name(RenameMode::Both))
+        ) {
             return;
         }
+        // notify drops its watch of a directory that is removed or renamed away, even when
+        // a new directory of the same name appears before this stage sees the event.
+        let gone = matches!(
+            event.kind,
+            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(RenameMode::From))
+        );
         for path in &event.paths {
-            self.handle_path(path, changes);
+            self.handle_path(path, gone, changes);
         }
     }
 
-    fn handle_path(&mut self, abs: &Path, changes: &mut Changes) {
+    fn handle_path(&mut self, abs: &Path, gone: bool, changes: &mut Changes) {
         let rel = abs.strip_prefix(&self.workdir).ok();
         let rules = self.read_filter().rules_file(rel, abs);
         match rules {
@@ -190,18 +200,21 @@ impl TreeWatcher {
             changes.env_changed = true;
             return;
         }
+        let was_watched = self.watched.contains(rel);
+        if gone {
+            self.forget_below(rel);
+        }
         let meta = std::fs::symlink_metadata(abs).ok();
         let is_dir = meta.as_ref().is_some_and(|m| m.is_dir());
-        let was_watched = self.watched.contains(rel);
         let kept = self.read_filter().is_kept(rel, is_dir || was_watched);
         if is_dir && kept && !scan::is_nested_repo(abs) {
-            if !was_watched {
+            if !self.watched.contains(rel) {
                 self.reconcile(rel);
                 changes.subtrees.insert(rel.to_owned());
             }
             return;
         }
-        if was_watched || meta.is_none() {
+        if self.watched.contains(rel) || meta.is_none() {
             self.forget_below(rel);
         }
         if kept {
@@ -275,11 +288,13 @@ impl TreeWatcher {
     /// A directory that was removed, renamed away or became ignored: drop its watches and
     /// those of everything under it (inotify already dropped the ones of removed inodes).
     fn forget_below(&mut self, rel: &Path) {
-        let below: Vec<PathBuf> = self
-            .watched
-            .iter()
-            .chain(self.unwatched.iter())
-            .filter(|w| w.starts_with(rel))
+        // Paths order by components, so a directory's subtree is one contiguous range.
+        let below: Vec<PathBuf> = [&self.watched, &self.unwatched]
+            .into_iter()
+            .flat_map(|set| {
+                set.range(rel.to_owned()..)
+                    .take_while(|w| w.starts_with(rel))
+            })
             .cloned()
             .collect();
         for path in below {

@@ -159,6 +159,36 @@ impl From<axum::Error> for StreamError {
     }
 }
 
+/// Reads `stream` to its end in a task of its own, showing each chunk to `inspect`, and hands
+/// the chunks on through a small buffer. When the receiver goes away (the client hung up), the
+/// reading and inspecting go on: a push's report must be seen whether or not the client stays.
+pub fn pumped<S, E>(
+    stream: S,
+    mut inspect: impl FnMut(&[u8]) + Send + 'static,
+) -> impl Stream<Item = Result<Bytes, E>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut receiver_gone = false;
+        while let Some(item) = stream.next().await {
+            if let Ok(chunk) = &item {
+                inspect(chunk);
+            }
+            if !receiver_gone && sender.send(item).await.is_err() {
+                receiver_gone = true;
+            }
+        }
+    });
+    futures_util::stream::unfold(receiver, |mut receiver| async move {
+        let item = receiver.recv().await?;
+        Some((item, receiver))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +254,27 @@ mod tests {
         assert!(!progress.ended());
         assert!(out.next().await.is_some());
         assert!(progress.ended(), "ended before the stream says so");
+    }
+
+    #[tokio::test]
+    async fn a_pumped_stream_is_read_to_the_end_even_when_nobody_listens() {
+        let seen = Arc::new(std::sync::Mutex::new(0usize));
+        let sink = seen.clone();
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let mut done = Some(done);
+        let source = chunks(&[10; 50]);
+        let out = pumped(source, move |c| {
+            let mut total = sink.lock().expect("lock");
+            *total += c.len();
+            if *total == 500 {
+                let _ = done.take().map(|d| d.send(()));
+            }
+        });
+        let mut out = Box::pin(out);
+        assert!(out.next().await.is_some());
+        drop(out);
+        finished.await.expect("read to the end");
+        assert_eq!(*seen.lock().expect("lock"), 500);
     }
 
     #[tokio::test]
