@@ -14,6 +14,7 @@ use cloud_core::token::TokenSigner;
 use secrecy::SecretString;
 use testkit::git::{git, git_output, init_repo};
 use testkit::git_server::{Fault, GitServer};
+use testkit::wait;
 
 const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef-proxy-tests";
 const SERVICE_TOKEN: &str = "glpat-service-token-never-shown";
@@ -221,6 +222,20 @@ fn the_remote_upstream_sees_only_the_service_token_and_a_rejected_push_fires_not
     git(&work, ["push", "-q", "origin", "main"]);
     assert_eq!(h.events(), vec![alice_main(&head)]);
 
+    // Git-Protocol crosses to the remote upstream: protocol v2 is negotiated end to end.
+    let out = testkit::git::command(&work)
+        .env("GIT_TRACE_PACKET", "1")
+        .args(["-c", "protocol.version=2", "ls-remote", "origin", "main"])
+        .output()
+        .expect("git ls-remote");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("< version 2"));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with(&head));
+
     let requests = server.requests();
     assert!(!requests.is_empty());
     for r in &requests {
@@ -374,8 +389,18 @@ fn a_streamed_body_over_the_limit_gets_413() {
             .body(body)
             .send(),
     );
-    let response = response.expect("proxy answers");
-    assert_eq!(response.status().as_u16(), 413);
+    // The proxy answers 413 and closes without draining the rest of the body, so a client still
+    // sending may see the connection reset before it reads the answer. Either way nothing
+    // succeeded, and an answer it did read says 413.
+    match response {
+        Ok(response) => assert_eq!(response.status().as_u16(), 413),
+        Err(e) => assert!(e.is_request(), "{e}"),
+    }
+    assert_eq!(
+        testkit::git::git(&root.path().join("alice.git"), ["for-each-ref"]),
+        "",
+        "the upstream repository is untouched"
+    );
 }
 
 #[test]
@@ -408,7 +433,7 @@ fn upstream_failures_become_502_and_504_with_a_clear_body() {
         (Fault::Stall, 504, "did not answer in time"),
     ] {
         server.set_fault(fault);
-        let body = testkit::wait::until(Duration::from_secs(30), &format!("{fault:?}"), || {
+        let body = wait::until(Duration::from_secs(30), &format!("{fault:?}"), || {
             let (got, body) = get();
             (got == status).then_some(body)
         });
@@ -416,7 +441,7 @@ fn upstream_failures_become_502_and_504_with_a_clear_body() {
         assert!(!body.contains(SERVICE_TOKEN));
     }
     server.set_fault(Fault::None);
-    testkit::wait::until(Duration::from_secs(30), "upstream recovers", || {
+    wait::until(Duration::from_secs(30), "upstream recovers", || {
         (get().0 == 200).then_some(())
     });
 }
@@ -457,4 +482,93 @@ fn a_stuck_upstream_times_out_whether_or_not_it_read_the_body() {
     let (status, _, body) = post(vec![b'0'; 64 << 20]);
     assert_eq!(status, 504, "{body}");
     assert!(started.elapsed() >= Duration::from_secs(8));
+}
+
+#[test]
+fn a_push_whose_client_never_reads_the_report_still_fires_its_event() {
+    use base64::Engine as _;
+    use std::io::Write;
+    let (h, repos) = Harness::embedded();
+    let work = h.dir("work");
+    let head = work_tree(&work, &h.url("alice", "alice.git"), "a.txt");
+    git(&work, ["ls-remote", "origin"]);
+
+    let mut pack_objects = testkit::git::command(&work)
+        .args(["pack-objects", "--stdout", "--revs", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("git pack-objects");
+    pack_objects
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"HEAD\n")
+        .expect("revs");
+    let pack = pack_objects.wait_with_output().expect("pack").stdout;
+    let zero = "0".repeat(40);
+    let command =
+        format!("{zero} {head} refs/heads/main\0report-status side-band-64k agent=test\n");
+    let mut body = cloud_core::proxy::pkt_line::encode(command.as_bytes());
+    body.extend_from_slice(b"0000");
+    body.extend_from_slice(&pack);
+
+    let rest = h.base.strip_prefix("http://").expect("http base");
+    let (host, mount) = rest.split_once('/').expect("mount");
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("x:{}", h.token("alice")));
+    let mut stream = std::net::TcpStream::connect(host).expect("connect");
+    write!(
+        stream,
+        "POST /{mount}/alice.git/git-receive-pack HTTP/1.1\r\nHost: {host}\r\n\
+         Authorization: Basic {auth}\r\n\
+         Content-Type: application/x-git-receive-pack-request\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .expect("send head");
+    stream.write_all(&body).expect("send body");
+    // Hang up once the push has landed, without reading a byte of the answer.
+    let bare = repos.join("alice.git");
+    wait::until(Duration::from_secs(30), "the push to land", || {
+        testkit::git::tree_of(&bare, "main")
+    });
+    drop(stream);
+
+    wait::until(Duration::from_secs(30), "the external-push event", || {
+        (!h.events().is_empty()).then_some(())
+    });
+    assert_eq!(h.events(), vec![alice_main(&head)]);
+    assert_eq!(git(&bare, ["rev-parse", "main"]).trim(), head);
+}
+
+#[test]
+fn a_client_that_stops_sending_its_body_gets_408() {
+    use base64::Engine as _;
+    use std::io::{Read, Write};
+    let root = tempfile::tempdir().expect("tempdir");
+    let server = GitServer::start(root.path());
+    server.create_bare("alice.git");
+    let limits = ProxyLimits {
+        idle_timeout: Duration::from_secs(1),
+        ..ProxyLimits::default()
+    };
+    let h = Harness::remote(&server, limits);
+    // An upstream that answers only after the whole body (as GitLab's front end does).
+    server.set_fault(Fault::Stall);
+    let rest = h.base.strip_prefix("http://").expect("http base");
+    let (host, mount) = rest.split_once('/').expect("mount");
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("x:{}", h.token("alice")));
+    let mut stream = std::net::TcpStream::connect(host).expect("connect");
+    write!(
+        stream,
+        "POST /{mount}/alice.git/git-upload-pack HTTP/1.1\r\nHost: {host}\r\n\
+         Authorization: Basic {auth}\r\n\
+         Content-Type: application/x-git-upload-pack-request\r\n\
+         Connection: close\r\nContent-Length: 1000\r\n\r\n0032want"
+    )
+    .expect("send a head and the start of a body");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+    assert!(response.contains("the request body stalled"), "{response}");
 }

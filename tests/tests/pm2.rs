@@ -6,6 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use testkit::git::{git, git_output, hermetic_env, init_bare, init_repo};
@@ -16,8 +17,14 @@ const PM2_VERSION: &str = "7.0.4";
 const PATIENCE: Duration = Duration::from_secs(90);
 
 /// `<target>/pm2-<version>/node_modules/.bin/pm2`, installed with npm on first use. The install
-/// goes to a scratch folder renamed into place, so a half-finished one is never used.
+/// goes to a scratch folder renamed into place, so a half-finished one is never used. One
+/// install at a time: the tests of this binary run in parallel threads, and npm's cache does
+/// not take two installs of the same package at once (ENOTEMPTY).
 fn pm2_bin() -> PathBuf {
+    static INSTALL: Mutex<()> = Mutex::new(());
+    let _one_thread = INSTALL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let exe = std::env::current_exe().unwrap();
     let target = exe
         .ancestors()
@@ -26,6 +33,11 @@ fn pm2_bin() -> PathBuf {
         .to_owned();
     let dir = target.join(format!("pm2-{PM2_VERSION}"));
     let bin = dir.join("node_modules/.bin/pm2");
+    if bin.exists() {
+        return bin;
+    }
+    let lock = fs::File::create(target.join(format!("pm2-{PM2_VERSION}.lock"))).unwrap();
+    lock.lock().unwrap();
     if bin.exists() {
         return bin;
     }
@@ -44,10 +56,7 @@ fn pm2_bin() -> PathBuf {
         "npm install pm2@{PM2_VERSION} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    if fs::rename(&scratch, &dir).is_err() {
-        // Another test process got there first.
-        let _ = fs::remove_dir_all(&scratch);
-    }
+    fs::rename(&scratch, &dir).unwrap();
     assert!(bin.exists(), "{} missing after install", bin.display());
     bin
 }

@@ -23,8 +23,8 @@ pub type OnExternalPush = Arc<dyn Fn(ExternalPush) + Send + Sync>;
 /// a proxied push arrives within seconds, far fewer pushes than this later.
 const REMEMBERED: usize = 4096;
 
-/// The ref updates that went through the proxy lately, watcher's or not. A GitLab webhook for
-/// one of them is an echo, not a push made directly to GitLab.
+/// The branch updates the proxy saw applied lately, watcher's or not. A GitLab webhook for one
+/// of them is an echo, not a push made directly to GitLab.
 #[derive(Debug, Default)]
 pub struct RecentPushes {
     seen: Mutex<VecDeque<ExternalPush>>,

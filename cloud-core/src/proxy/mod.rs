@@ -25,6 +25,7 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use futures_util::StreamExt as _;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 
 use crate::UserId;
@@ -139,53 +140,38 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             proxy.on_external_push.clone(),
         )
     });
-    let tripped = Arc::new(AtomicBool::new(false));
-    let progress = match endpoint.method() {
-        Method::GET => ReadProgress::finished(),
-        _ => Arc::default(),
-    };
-    let body = {
-        let idle = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
-        let limited = stream::limited(idle, limit, tripped.clone());
-        let declared = content_length(&parts.headers);
-        let limited = stream::report_progress(limited, progress.clone(), declared);
-        match watch.clone() {
-            Some(watch) => Body::from_stream(stream::tapped(limited, move |chunk| {
-                watch.request_chunk(chunk)
-            })),
-            None => Body::from_stream(limited),
-        }
-    };
-    let forward = proxy.upstream.forward(UpstreamRequest {
+    let signals = BodySignals::new(endpoint);
+    let body = signals.guard(body, &parts.headers, &proxy.limits, watch.clone());
+    let request = UpstreamRequest {
         user: user.clone(),
         endpoint,
         headers: headers::to_upstream(&parts.headers),
         body,
-    });
-    tokio::pin!(forward);
-    // While the upstream reads the body it may take as long as the upload does, as long as it
-    // keeps reading; once it has the body, `upstream_timeout` bounds its answer.
-    let forwarded = loop {
-        let patience = if progress.ended() {
-            proxy.limits.upstream_timeout
-        } else {
-            proxy.limits.idle_timeout
-        };
-        tokio::select! {
-            result = &mut forward => break Ok(result),
-            () = progress.changed() => {}
-            () = tokio::time::sleep(patience) => break Err(()),
-        }
     };
+    // Its own task: when a pushing client hangs up, the push may still land upstream, and its
+    // report must still be read (dropping a JoinHandle does not cancel the task).
+    let progress = signals.progress.clone();
+    let exchange = tokio::spawn(exchange(proxy.clone(), request, progress, watch));
+    let outcome = exchange
+        .await
+        .unwrap_or_else(|e| Err(UpstreamError::Failed(format!("proxy task failed: {e}"))));
     let service = endpoint.service().name();
     let endpoint_path = endpoint.service_path();
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    let upstream_response = match forwarded {
-        _ if tripped.load(Ordering::SeqCst) => return too_large(limit),
-        Err(_) => Err(UpstreamError::Timeout),
-        Ok(result) => result,
-    };
-    let upstream_response = match upstream_response {
+    if signals.too_large() {
+        return too_large(limit);
+    }
+    if signals.client_stalled(&outcome) {
+        tracing::warn!(%user, service, "the client stopped sending its request body");
+        return answer(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "the request body stalled for {:?}",
+                proxy.limits.idle_timeout
+            ),
+        );
+    }
+    let response = match outcome {
         Ok(response) => response,
         Err(error) => {
             let status = match error {
@@ -196,7 +182,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             return answer(status, &error.to_string());
         }
     };
-    let status = upstream_response.status();
+    let status = response.status();
     if matches!(
         status,
         StatusCode::UNAUTHORIZED
@@ -217,20 +203,104 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         );
     }
     tracing::info!(%user, service, endpoint = endpoint_path, status = status.as_u16(), elapsed_ms, "git request forwarded");
-
-    let (upstream_parts, upstream_body) = upstream_response.into_parts();
-    let body_stream =
-        stream::idle_timeout(upstream_body.into_data_stream(), proxy.limits.idle_timeout);
-    let body = match watch {
-        Some(watch) if status.is_success() => {
-            Body::from_stream(stream::tapped(body_stream, watch.response_inspector()))
-        }
-        _ => Body::from_stream(body_stream),
-    };
+    let (upstream_parts, body) = response.into_parts();
     let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers::to_client(&upstream_parts.headers);
     response
+}
+
+/// Sends `request` upstream and starts its response body on the way back. While the upstream
+/// reads the request body it may take as long as the upload does, as long as it keeps reading;
+/// once it has the body, `upstream_timeout` bounds its answer.
+async fn exchange(
+    proxy: Arc<Proxy>,
+    request: UpstreamRequest,
+    progress: Arc<ReadProgress>,
+    watch: Option<Arc<PushWatch>>,
+) -> Result<Response<Body>, UpstreamError> {
+    let forward = proxy.upstream.forward(request);
+    tokio::pin!(forward);
+    let response = loop {
+        let patience = if progress.ended() {
+            proxy.limits.upstream_timeout
+        } else {
+            proxy.limits.idle_timeout
+        };
+        tokio::select! {
+            result = &mut forward => break result?,
+            () = progress.changed() => {}
+            () = tokio::time::sleep(patience) => return Err(UpstreamError::Timeout),
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let body_stream = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
+    let body = match watch {
+        Some(watch) if parts.status.is_success() => {
+            Body::from_stream(stream::pumped(body_stream, watch.response_inspector()))
+        }
+        _ => Body::from_stream(body_stream),
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+/// What the guarded request body reports back about itself.
+struct BodySignals {
+    over_limit: Arc<AtomicBool>,
+    went_idle: Arc<AtomicBool>,
+    progress: Arc<ReadProgress>,
+}
+
+impl BodySignals {
+    fn new(endpoint: Endpoint) -> BodySignals {
+        BodySignals {
+            over_limit: Arc::default(),
+            went_idle: Arc::default(),
+            progress: match endpoint.method() {
+                Method::GET => ReadProgress::finished(),
+                _ => Arc::default(),
+            },
+        }
+    }
+
+    /// The client's body as the upstream reads it: idle timeout, size limit, read progress, and
+    /// the push parser's tap when `watch` is given.
+    fn guard(
+        &self,
+        body: Body,
+        headers: &HeaderMap,
+        limits: &ProxyLimits,
+        watch: Option<Arc<PushWatch>>,
+    ) -> Body {
+        let client = stream::watch_client(body.into_data_stream(), self.progress.clone());
+        let went_idle = self.went_idle.clone();
+        let idle = stream::idle_timeout(client, limits.idle_timeout).inspect(move |item| {
+            if matches!(item, Err(stream::StreamError::Idle(_))) {
+                went_idle.store(true, Ordering::SeqCst);
+            }
+        });
+        let limited = stream::limited(idle, limits.max_request_bytes, self.over_limit.clone());
+        let declared = content_length(headers);
+        let read = stream::report_progress(limited, self.progress.clone(), declared);
+        match watch {
+            Some(watch) => Body::from_stream(stream::tapped(read, move |chunk| {
+                watch.request_chunk(chunk)
+            })),
+            None => Body::from_stream(read),
+        }
+    }
+
+    fn too_large(&self) -> bool {
+        self.over_limit.load(Ordering::SeqCst)
+    }
+
+    /// The exchange failed because the client stopped sending, not because the upstream did.
+    fn client_stalled(&self, outcome: &Result<Response<Body>, UpstreamError>) -> bool {
+        self.went_idle.load(Ordering::SeqCst)
+            || (matches!(outcome, Err(UpstreamError::Timeout))
+                && !self.progress.ended()
+                && self.progress.waiting_on_client())
+    }
 }
 
 /// The user whose project token is the basic-auth password. The username is ignored: git

@@ -93,6 +93,9 @@ impl PushWatch {
         };
         for update in applied_updates(parsed, report) {
             let event = self.event(&update.refname, &update.new_oid);
+            // Remembered before GitLab can echo it: receive-pack sends its report before it runs
+            // the post-receive hook that triggers GitLab's webhook.
+            self.recent.record(event.clone());
             if self.from_watcher {
                 tracing::debug!(user = %event.user, git_ref = %event.refname, new_oid = %event.new_oid, "watcher push");
             } else {

@@ -70,6 +70,7 @@ where
 pub struct ReadProgress {
     pulled: Notify,
     ended: AtomicBool,
+    waiting_on_client: AtomicBool,
 }
 
 impl ReadProgress {
@@ -85,6 +86,12 @@ impl ReadProgress {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// The upstream asked for more of the body and the client has not sent it yet: a stall now
+    /// is the client's.
+    pub fn waiting_on_client(&self) -> bool {
+        self.waiting_on_client.load(Ordering::SeqCst)
+    }
+
     /// Resolves at the next chunk or end after the last call.
     pub async fn changed(&self) {
         self.pulled.notified().await
@@ -98,6 +105,24 @@ impl ReadProgress {
         self.ended.store(true, Ordering::SeqCst);
         self.pulled.notify_one();
     }
+}
+
+/// Records in `progress` whether the last pull from the client's `stream` is still waiting.
+pub fn watch_client<S>(
+    stream: S,
+    progress: Arc<ReadProgress>,
+) -> impl Stream<Item = S::Item> + Send + 'static
+where
+    S: Stream + Send + 'static,
+{
+    let mut stream = Box::pin(stream);
+    futures_util::stream::poll_fn(move |cx| {
+        let poll = stream.as_mut().poll_next(cx);
+        progress
+            .waiting_on_client
+            .store(poll.is_pending(), Ordering::SeqCst);
+        poll
+    })
 }
 
 /// Reports every chunk pulled from `stream`, and its end, to `progress`. With a declared
@@ -159,6 +184,36 @@ impl From<axum::Error> for StreamError {
     }
 }
 
+/// Reads `stream` to its end in a task of its own, showing each chunk to `inspect`, and hands
+/// the chunks on through a small buffer. When the receiver goes away (the client hung up), the
+/// reading and inspecting go on: a push's report must be seen whether or not the client stays.
+pub fn pumped<S, E>(
+    stream: S,
+    mut inspect: impl FnMut(&[u8]) + Send + 'static,
+) -> impl Stream<Item = Result<Bytes, E>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
+    E: Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut receiver_gone = false;
+        while let Some(item) = stream.next().await {
+            if let Ok(chunk) = &item {
+                inspect(chunk);
+            }
+            if !receiver_gone && sender.send(item).await.is_err() {
+                receiver_gone = true;
+            }
+        }
+    });
+    futures_util::stream::unfold(receiver, |mut receiver| async move {
+        let item = receiver.recv().await?;
+        Some((item, receiver))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +272,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_pending_client_is_recorded_until_it_sends() {
+        let progress = Arc::new(ReadProgress::default());
+        let (send, receive) = tokio::sync::mpsc::channel::<Result<Bytes, BoxError>>(1);
+        let client = futures_util::stream::unfold(receive, |mut r| async move {
+            let item = r.recv().await?;
+            Some((item, r))
+        });
+        let mut body = Box::pin(watch_client(client, progress.clone()));
+        let waiting = tokio::time::timeout(Duration::from_millis(20), body.next()).await;
+        assert!(waiting.is_err());
+        assert!(progress.waiting_on_client());
+        send.send(Ok(Bytes::from_static(b"x"))).await.expect("send");
+        assert!(body.next().await.is_some());
+        assert!(!progress.waiting_on_client());
+    }
+
+    #[tokio::test]
     async fn the_last_declared_byte_is_the_end() {
         let progress = Arc::new(ReadProgress::default());
         let mut out = Box::pin(report_progress(chunks(&[1, 2]), progress.clone(), Some(3)));
@@ -224,6 +296,27 @@ mod tests {
         assert!(!progress.ended());
         assert!(out.next().await.is_some());
         assert!(progress.ended(), "ended before the stream says so");
+    }
+
+    #[tokio::test]
+    async fn a_pumped_stream_is_read_to_the_end_even_when_nobody_listens() {
+        let seen = Arc::new(std::sync::Mutex::new(0usize));
+        let sink = seen.clone();
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let mut done = Some(done);
+        let source = chunks(&[10; 50]);
+        let out = pumped(source, move |c| {
+            let mut total = sink.lock().expect("lock");
+            *total += c.len();
+            if *total == 500 {
+                let _ = done.take().map(|d| d.send(()));
+            }
+        });
+        let mut out = Box::pin(out);
+        assert!(out.next().await.is_some());
+        drop(out);
+        finished.await.expect("read to the end");
+        assert_eq!(*seen.lock().expect("lock"), 500);
     }
 
     #[tokio::test]

@@ -31,6 +31,7 @@ pub struct Startup {
     /// Read one second after ready, once start-up work is over.
     pub watches: u64,
     pub rss_kib: u64,
+    pub rss_anon_kib: u64,
     pub cpu_s: f64,
     pub processes: usize,
 }
@@ -65,6 +66,7 @@ pub struct Idle {
     pub seconds: f64,
     pub cpu_s: f64,
     pub rss_kib: u64,
+    pub rss_anon_kib: u64,
 }
 
 /// Everything one side did on one fixture.
@@ -117,6 +119,7 @@ impl Session {
             ready_s: running.ready_after.as_secs_f64(),
             watches: at_rest.watches,
             rss_kib: at_rest.rss_kib,
+            rss_anon_kib: at_rest.rss_anon_kib,
             cpu_s: at_rest.cpu_s,
             processes: at_rest.processes,
         });
@@ -258,6 +261,7 @@ impl Session {
                 seconds: seconds.as_secs_f64(),
                 cpu_s: after.cpu_s - before.cpu_s,
                 rss_kib: after.rss_kib,
+                rss_anon_kib: after.rss_anon_kib,
             })
         })?;
         results.idle = found;

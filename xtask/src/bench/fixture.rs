@@ -97,7 +97,7 @@ impl Fixture {
             // for the baseline: pack them, as a fresh fixture is.
             self.git.run(&self.project, ["repack", "-d", "-q"])?;
             self.git.run(&self.project, ["prune-packed", "-q"])?;
-            return Ok(());
+            return self.point_at_remote("set-url");
         }
         let dir = self.dir();
         if dir.exists() {
@@ -159,10 +159,17 @@ impl Fixture {
         fs::create_dir_all(&self.remote)?;
         self.git
             .run(&self.remote, ["init", "-q", "--bare", "-b", "main"])?;
-        let url = self.remote.to_str().context("remote path is not UTF-8")?;
-        self.git.run(p, ["remote", "add", "project", url])?;
+        self.point_at_remote("add")?;
         self.git.run(p, ["push", "-q", "project", "main"])?;
         Ok(())
+    }
+
+    /// `git remote add|set-url project <the bare remote's path>`.
+    fn point_at_remote(&self, verb: &str) -> Result<()> {
+        let url = self.remote.to_str().context("remote path is not UTF-8")?;
+        self.git
+            .run(&self.project, ["remote", verb, "project", url])
+            .map(drop)
     }
 
     /// The remote's `main`, read from the ref files without starting a process, so that

@@ -78,7 +78,7 @@ impl Plan {
                 node_modules_burst_files: 20_000,
                 tracked_burst_files: 1_000,
                 idle_s: 30,
-                one_edit_reps: 5,
+                one_edit_reps: 7,
                 settle_s: 3,
             }
         }

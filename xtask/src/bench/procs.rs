@@ -17,6 +17,9 @@ pub struct Sample {
     /// CPU seconds (user + system) of the group and its reaped children.
     pub cpu_s: f64,
     pub rss_kib: u64,
+    /// The part of RSS that is the processes' own memory, not mapped files (binaries,
+    /// shared libraries, git pack files).
+    pub rss_anon_kib: u64,
     pub watches: u64,
     pub processes: usize,
 }
@@ -40,10 +43,11 @@ fn parse_stat(line: &str) -> Option<Stat> {
     })
 }
 
-fn parse_vm_rss_kib(status: &str) -> u64 {
+/// A `kB` field of `/proc/<pid>/status`, 0 when absent (a zombie has no memory).
+fn status_kib(status: &str, field: &str) -> u64 {
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
@@ -76,9 +80,9 @@ pub fn sample_group(pgid: u32) -> Result<Sample> {
         }
         sample.processes += 1;
         sample.cpu_s += stat.cpu_ticks as f64 / TICKS_PER_SECOND;
-        sample.rss_kib += fs::read_to_string(format!("/proc/{pid}/status"))
-            .map(|s| parse_vm_rss_kib(&s))
-            .unwrap_or(0);
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        sample.rss_kib += status_kib(&status, "VmRSS");
+        sample.rss_anon_kib += status_kib(&status, "RssAnon");
         if let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) {
             for fd in fds.flatten() {
                 if let Ok(info) = fs::read_to_string(fd.path()) {
@@ -109,8 +113,10 @@ mod tests {
 
     #[test]
     fn rss_and_watches_are_read_from_their_lines() {
-        assert_eq!(parse_vm_rss_kib("Name:\tx\nVmRSS:\t   5120 kB\n"), 5120);
-        assert_eq!(parse_vm_rss_kib("Name:\tzombie\n"), 0);
+        let status = "Name:\tx\nVmRSS:\t   5120 kB\nRssAnon:\t    1024 kB\n";
+        assert_eq!(status_kib(status, "VmRSS"), 5120);
+        assert_eq!(status_kib(status, "RssAnon"), 1024);
+        assert_eq!(status_kib("Name:\tzombie\n", "VmRSS"), 0);
         let fdinfo = "pos:\t0\nflags:\t00\ninotify wd:1 ino:2 sdev:3 mask:4 ignored_mask:0\ninotify wd:2 ino:5 sdev:3 mask:4 ignored_mask:0\n";
         assert_eq!(count_inotify_watches(fdinfo), 2);
     }
@@ -139,7 +145,8 @@ mod tests {
         );
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(sample.rss_kib > 0, "{sample:?}");
+        assert!(sample.rss_kib > sample.rss_anon_kib, "{sample:?}");
+        assert!(sample.rss_anon_kib > 0, "{sample:?}");
         assert_eq!(sample.watches, 0, "{sample:?}");
     }
 }

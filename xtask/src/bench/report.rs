@@ -304,6 +304,13 @@ pub fn figures(results: &BTreeMap<usize, FixtureResults>, main: usize) -> Vec<Fi
         } else {
             rss_row
         });
+        let (b, w) = per_side(f, &|s| Some(mib(idle(s)?.rss_anon_kib as f64)));
+        rows.push(Row::new(
+            format!("idle: anonymous RSS (no mapped files), {size} tracked"),
+            "MiB",
+            b,
+            w,
+        ));
     }
     rows.into_iter().map(Row::into_figure).collect()
 }
@@ -358,6 +365,7 @@ mod tests {
                 ready_s: ready,
                 watches,
                 rss_kib: 4096,
+                rss_anon_kib: 1024,
                 cpu_s: 0.1,
                 processes: 1,
             }],
