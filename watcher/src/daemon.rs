@@ -121,10 +121,13 @@ impl Saver {
     fn save(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
         self.remove_stale_locks();
-        let _marker = lock::SaveMarker::begin(&self.git_dir).map_err(|source| DaemonError::Io {
-            path: lock::state_dir(&self.git_dir),
-            source,
-        })?;
+        let _marker =
+            lock::WorkMarker::begin(&self.git_dir, lock::WorkMarker::SAVING).map_err(|source| {
+                DaemonError::Io {
+                    path: lock::state_dir(&self.git_dir),
+                    source,
+                }
+            })?;
         let mut changes = changes.clone();
         if changes.env_changed {
             match manifest::sync(&self.workdir) {
@@ -142,37 +145,21 @@ impl Saver {
         })
     }
 
-    /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's `.lock`) that no
-    /// process holds: removed once 60 s old, or at once when a watcher died inside a save.
+    /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's) that no process
+    /// holds: removed once 60 s old, or at once when a watcher died inside a save.
     fn remove_stale_locks(&self) {
-        let predecessor_died = lock::SaveMarker::left_behind(&self.git_dir);
-        let max_age = if predecessor_died {
-            Duration::ZERO
-        } else {
-            lock::STALE_INDEX_LOCK_AGE
-        };
         let branch = self
             .repo
             .find_reference("HEAD")
             .ok()
             .and_then(|head| head.symbolic_target().ok().flatten().map(str::to_owned));
-        let names = ["index", "HEAD"]
+        let paths = ["index", "HEAD"]
             .into_iter()
             .map(str::to_owned)
-            .chain(branch);
-        for name in names {
-            let path = self.git_dir.join(format!("{name}.lock"));
-            match lock::remove_stale_lock_file(&path, max_age) {
-                Ok(true) => tracing::warn!(
-                    path = %path.display(),
-                    "removed a stale git lock file left by a dead process"
-                ),
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), "cannot check a git lock file: {e}")
-                }
-            }
-        }
+            .chain(branch)
+            .map(|name| self.git_dir.join(format!("{name}.lock")));
+        let died = lock::WorkMarker::left_behind(&self.git_dir, lock::WorkMarker::SAVING);
+        lock::clear_stale_locks(paths, died);
     }
 
     fn skipped(&self) -> Vec<SkippedFile> {

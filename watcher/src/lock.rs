@@ -133,34 +133,75 @@ pub fn remove_stale_lock_file(path: &Path, max_age: Duration) -> io::Result<bool
     }
 }
 
-/// Present while a watcher saves (stage, index write, commit). A watcher killed inside a
-/// save leaves it behind, which tells the next one that the git lock files it finds are its
-/// predecessor's, not a live `git` command's, so they need not age 60 s before removal.
-pub struct SaveMarker {
+/// The lock files under `.git/refs/remotes/` (the pusher records each confirmed push there;
+/// a lock left by a kill in that moment would fail every later push).
+pub fn remote_ref_lock_files(git_dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => walk(&path, found),
+                Ok(_) if path.extension().is_some_and(|e| e == "lock") => found.push(path),
+                _ => {}
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(&git_dir.join("refs/remotes"), &mut found);
+    found
+}
+
+/// Present while a watcher saves (stage, index write, commit: [`Self::SAVING`]) or pushes
+/// ([`Self::PUSHING`]). A watcher killed inside one leaves it behind, which tells the next
+/// one that the git lock files it finds are its predecessor's, not a live `git` command's, so
+/// they need not age 60 s before removal.
+pub struct WorkMarker {
     path: PathBuf,
 }
 
-impl SaveMarker {
-    fn path(git_dir: &Path) -> PathBuf {
-        state_dir(git_dir).join("saving")
+impl WorkMarker {
+    pub const SAVING: &str = "saving";
+    pub const PUSHING: &str = "pushing";
+
+    /// Whether the previous run of `work` ended without removing its marker (its process died).
+    pub fn left_behind(git_dir: &Path, work: &str) -> bool {
+        state_dir(git_dir).join(work).exists()
     }
 
-    /// Whether the previous save ended without removing its marker (its process died).
-    pub fn left_behind(git_dir: &Path) -> bool {
-        Self::path(git_dir).exists()
-    }
-
-    /// Marks a save as started; the marker goes when this is dropped.
-    pub fn begin(git_dir: &Path) -> io::Result<Self> {
-        let path = Self::path(git_dir);
+    /// Marks `work` as started; the marker goes when this is dropped.
+    pub fn begin(git_dir: &Path, work: &str) -> io::Result<Self> {
+        let path = state_dir(git_dir).join(work);
         File::create(&path)?;
         Ok(Self { path })
     }
 }
 
-impl Drop for SaveMarker {
+impl Drop for WorkMarker {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Removes each of `paths` that is a stale lock file (see [`remove_stale_lock_file`]),
+/// at once when `predecessor_died`, else once 60 s old; each removal is a warning.
+pub fn clear_stale_locks(paths: impl IntoIterator<Item = PathBuf>, predecessor_died: bool) {
+    let max_age = if predecessor_died {
+        Duration::ZERO
+    } else {
+        STALE_INDEX_LOCK_AGE
+    };
+    for path in paths {
+        match remove_stale_lock_file(&path, max_age) {
+            Ok(true) => tracing::warn!(
+                path = %path.display(),
+                "removed a stale git lock file left by a dead process"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(path = %path.display(), "cannot check a git lock file: {e}"),
+        }
     }
 }
 
@@ -235,16 +276,18 @@ mod tests {
     }
 
     #[test]
-    fn a_save_marker_outlives_only_a_process_that_died_inside_the_save() {
+    fn a_work_marker_outlives_only_a_process_that_died_inside_the_work() {
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir_all(state_dir(dir.path())).unwrap();
-        assert!(!SaveMarker::left_behind(dir.path()));
-        let marker = SaveMarker::begin(dir.path()).unwrap();
-        assert!(SaveMarker::left_behind(dir.path()));
+        let saving = WorkMarker::SAVING;
+        assert!(!WorkMarker::left_behind(dir.path(), saving));
+        let marker = WorkMarker::begin(dir.path(), saving).unwrap();
+        assert!(WorkMarker::left_behind(dir.path(), saving));
+        assert!(!WorkMarker::left_behind(dir.path(), WorkMarker::PUSHING));
         drop(marker);
-        assert!(!SaveMarker::left_behind(dir.path()));
-        std::mem::forget(SaveMarker::begin(dir.path()).unwrap());
-        assert!(SaveMarker::left_behind(dir.path()));
+        assert!(!WorkMarker::left_behind(dir.path(), saving));
+        std::mem::forget(WorkMarker::begin(dir.path(), saving).unwrap());
+        assert!(WorkMarker::left_behind(dir.path(), saving));
     }
 
     #[test]

@@ -226,9 +226,10 @@ fn with_config(
     }
 }
 
+/// One thread is plenty: git work runs on the save thread and the blocking pool, and every
+/// extra worker thread costs memory (its stack and malloc arena) in each sandbox.
 fn runtime() -> Result<tokio::runtime::Runtime, daemon::DaemonError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(daemon::DaemonError::Runtime)

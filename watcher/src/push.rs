@@ -18,6 +18,7 @@ use git2::{Cred, CredentialType, FetchOptions, Oid, PushOptions, RemoteCallbacks
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::lock::{self, WorkMarker};
 use crate::retry::{self, Backoff, FailureKind};
 
 /// What the pusher needs to know. `token` is the basic-auth password, from `PROJECT_TOKEN`.
@@ -407,6 +408,16 @@ impl GitRemote {
             })
     }
 
+    /// Clears the lock files under `refs/remotes/` that libgit2 or this pusher left when a
+    /// watcher was killed while recording a push or a fetch (they would fail every later
+    /// attempt), then marks the network operation as started.
+    fn begin(&self, repo: &Repository) -> Option<WorkMarker> {
+        let git_dir = repo.path();
+        let died = WorkMarker::left_behind(git_dir, WorkMarker::PUSHING);
+        lock::clear_stale_locks(lock::remote_ref_lock_files(git_dir), died);
+        WorkMarker::begin(git_dir, WorkMarker::PUSHING).ok()
+    }
+
     fn tracking_ref(&self) -> String {
         format!(
             "refs/remotes/{}/{}",
@@ -481,6 +492,7 @@ impl GitRemote {
 impl Remote for GitRemote {
     fn push(&self, head: Oid, dst: &str) -> Result<(), PushFailure> {
         let repo = self.open()?;
+        let _marker = self.begin(&repo);
         let mut remote = self.find_remote(&repo)?;
         let url = remote
             .pushurl()
@@ -559,6 +571,7 @@ impl Remote for GitRemote {
 
     fn fetch_branch_tip(&self) -> Result<Oid, PushFailure> {
         let repo = self.open()?;
+        let _marker = self.begin(&repo);
         let mut remote = self.find_remote(&repo)?;
         let url = remote.url().unwrap_or("").to_owned();
         let asked = Cell::new(0);

@@ -47,6 +47,8 @@ pub struct Stager {
     max_file_size: u64,
     skipped: Skipped,
     dirty: bool,
+    /// When the index file was last written (seconds, nanoseconds), for git's racy check.
+    index_written: Option<(i64, i64)>,
     /// The first readable file of this batch that could not be stored.
     store_failure: Option<(PathBuf, git2::Error)>,
 }
@@ -70,6 +72,7 @@ impl Stager {
             skipped: Skipped::new(),
             dirty: false,
             store_failure: None,
+            index_written: None,
         })
     }
 
@@ -86,6 +89,11 @@ impl Stager {
             source,
         };
         self.index.read(false).map_err(err)?;
+        self.index_written = self
+            .index
+            .path()
+            .and_then(|p| fs::metadata(p).ok())
+            .map(|m| (m.mtime(), m.mtime_nsec()));
         let filter = Arc::clone(&self.filter);
         let filter = filter.read().unwrap_or_else(|e| e.into_inner());
         let (subtrees, paths) = changes.minimal();
@@ -203,6 +211,7 @@ impl Stager {
                 .index
                 .get_path(rel, 0)
                 .is_some_and(|entry| stat_matches(&entry, meta))
+            && self.modified_before_the_index(meta)
         {
             return;
         }
@@ -233,6 +242,14 @@ impl Stager {
                 e.message()
             ),
         }
+    }
+
+    /// Git's "racily clean" rule: a file modified in the same clock tick as the index was
+    /// written may have changed without its stat data showing it, so only files modified
+    /// strictly before the index may skip hashing.
+    fn modified_before_the_index(&self, meta: &Metadata) -> bool {
+        self.index_written
+            .is_some_and(|written| (meta.mtime(), meta.mtime_nsec()) < written)
     }
 
     /// A file where a directory was (or the other way round) must not leave the old entries

@@ -267,13 +267,7 @@ impl TreeWatcher {
             }
         });
         let kept: BTreeSet<PathBuf> = kept.into_iter().collect();
-        let gone: Vec<PathBuf> = self
-            .watched
-            .iter()
-            .chain(self.unwatched.iter())
-            .filter(|w| under(w, dir) && !kept.contains(*w))
-            .cloned()
-            .collect();
+        let gone: Vec<PathBuf> = self.subtree_of(dir).filter(|w| !kept.contains(w)).collect();
         for path in gone {
             self.unwatch(&path);
             filter.forget_below(&path);
@@ -288,19 +282,23 @@ impl TreeWatcher {
     /// A directory that was removed, renamed away or became ignored: drop its watches and
     /// those of everything under it (inotify already dropped the ones of removed inodes).
     fn forget_below(&mut self, rel: &Path) {
-        // Paths order by components, so a directory's subtree is one contiguous range.
-        let below: Vec<PathBuf> = [&self.watched, &self.unwatched]
-            .into_iter()
-            .flat_map(|set| {
-                set.range(rel.to_owned()..)
-                    .take_while(|w| w.starts_with(rel))
-            })
-            .cloned()
-            .collect();
+        let below: Vec<PathBuf> = self.subtree_of(rel).collect();
         for path in below {
             self.unwatch(&path);
         }
         self.write_filter().forget_below(rel);
+    }
+
+    /// Watched and unwatched directories at or below `dir`. Paths order by components, so a
+    /// subtree is one contiguous range of each set: no walk over every watch.
+    fn subtree_of<'a>(&'a self, dir: &'a Path) -> impl Iterator<Item = PathBuf> + 'a {
+        [&self.watched, &self.unwatched]
+            .into_iter()
+            .flat_map(move |set| {
+                set.range(dir.to_owned()..)
+                    .take_while(move |w| w.starts_with(dir))
+                    .cloned()
+            })
     }
 
     fn unwatch(&mut self, rel: &Path) {
@@ -361,10 +359,6 @@ impl TreeWatcher {
     fn write_filter(&self) -> std::sync::RwLockWriteGuard<'_, Filter> {
         self.filter.write().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-fn under(path: &Path, dir: &Path) -> bool {
-    dir.as_os_str().is_empty() || path.starts_with(dir)
 }
 
 pub fn report_rule_warnings(warnings: &[crate::filter::RuleWarning]) {

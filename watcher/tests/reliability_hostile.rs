@@ -429,3 +429,41 @@ fn unreadable_files_and_directories_keep_their_last_saved_version() {
     let (exit, logs) = watcher.stop();
     assert_eq!(exit.code(), Some(0), "{logs}");
 }
+
+#[test]
+fn a_stale_lock_on_the_remote_tracking_ref_does_not_fail_every_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project::local(tmp.path());
+    project.write("a.txt", "a\n");
+    // What a SIGKILL while recording a confirmed push leaves behind.
+    let lock = project.git_dir().join("refs/remotes/project/main.lock");
+    fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    fs::write(&lock, b"0000\n").unwrap();
+    age(&lock, 120);
+    let watcher = project.start(&[], &[]);
+    project.wait_pushed(PATIENCE);
+    project.write("b.txt", "b\n");
+    project.wait_pushed(PATIENCE);
+    let (exit, logs) = watcher.stop();
+    assert_eq!(exit.code(), Some(0), "{logs}");
+}
+
+#[test]
+fn a_watcher_killed_mid_push_leaves_no_lock_that_fails_the_next_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project::local(tmp.path());
+    project.write("a.txt", "a\n");
+    // What a SIGKILL while libgit2 updates the tracking ref leaves: a young lock, the marker.
+    let lock = project.git_dir().join("refs/remotes/project/main.lock");
+    fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    fs::write(&lock, b"0000\n").unwrap();
+    let state = project.git_dir().join("project-watcher");
+    fs::create_dir_all(&state).unwrap();
+    fs::write(state.join("pushing"), b"").unwrap();
+    let watcher = project.start(&[], &[]);
+    // Far less than the 60 s a lock of unknown origin must age.
+    project.wait_pushed(Duration::from_secs(30));
+    let (exit, logs) = watcher.stop();
+    assert_eq!(exit.code(), Some(0), "{logs}");
+    assert!(logs.contains("removed a stale git lock file"), "{logs}");
+}

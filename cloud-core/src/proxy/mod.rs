@@ -140,30 +140,8 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
             proxy.on_external_push.clone(),
         )
     });
-    let tripped = Arc::new(AtomicBool::new(false));
-    let stalled = Arc::new(AtomicBool::new(false));
-    let progress = match endpoint.method() {
-        Method::GET => ReadProgress::finished(),
-        _ => Arc::default(),
-    };
-    let body = {
-        let idle = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
-        let stalled = stalled.clone();
-        let idle = idle.inspect(move |item| {
-            if matches!(item, Err(stream::StreamError::Idle(_))) {
-                stalled.store(true, Ordering::SeqCst);
-            }
-        });
-        let limited = stream::limited(idle, limit, tripped.clone());
-        let declared = content_length(&parts.headers);
-        let limited = stream::report_progress(limited, progress.clone(), declared);
-        match watch.clone() {
-            Some(watch) => Body::from_stream(stream::tapped(limited, move |chunk| {
-                watch.request_chunk(chunk)
-            })),
-            None => Body::from_stream(limited),
-        }
-    };
+    let signals = BodySignals::new(endpoint);
+    let body = signals.guard(body, &parts.headers, &proxy.limits, watch.clone());
     let request = UpstreamRequest {
         user: user.clone(),
         endpoint,
@@ -172,6 +150,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     };
     // Its own task: when a pushing client hangs up, the push may still land upstream, and its
     // report must still be read (dropping a JoinHandle does not cancel the task).
+    let progress = signals.progress.clone();
     let exchange = tokio::spawn(exchange(proxy.clone(), request, progress, watch));
     let outcome = exchange
         .await
@@ -179,10 +158,10 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     let service = endpoint.service().name();
     let endpoint_path = endpoint.service_path();
     let elapsed_ms = started.elapsed().as_millis() as u64;
-    if tripped.load(Ordering::SeqCst) {
+    if signals.too_large() {
         return too_large(limit);
     }
-    if stalled.load(Ordering::SeqCst) {
+    if signals.client_stalled(&outcome) {
         tracing::warn!(%user, service, "the client stopped sending its request body");
         return answer(
             StatusCode::REQUEST_TIMEOUT,
@@ -263,6 +242,65 @@ async fn exchange(
         _ => Body::from_stream(body_stream),
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// What the guarded request body reports back about itself.
+struct BodySignals {
+    over_limit: Arc<AtomicBool>,
+    went_idle: Arc<AtomicBool>,
+    progress: Arc<ReadProgress>,
+}
+
+impl BodySignals {
+    fn new(endpoint: Endpoint) -> BodySignals {
+        BodySignals {
+            over_limit: Arc::default(),
+            went_idle: Arc::default(),
+            progress: match endpoint.method() {
+                Method::GET => ReadProgress::finished(),
+                _ => Arc::default(),
+            },
+        }
+    }
+
+    /// The client's body as the upstream reads it: idle timeout, size limit, read progress, and
+    /// the push parser's tap when `watch` is given.
+    fn guard(
+        &self,
+        body: Body,
+        headers: &HeaderMap,
+        limits: &ProxyLimits,
+        watch: Option<Arc<PushWatch>>,
+    ) -> Body {
+        let client = stream::watch_client(body.into_data_stream(), self.progress.clone());
+        let went_idle = self.went_idle.clone();
+        let idle = stream::idle_timeout(client, limits.idle_timeout).inspect(move |item| {
+            if matches!(item, Err(stream::StreamError::Idle(_))) {
+                went_idle.store(true, Ordering::SeqCst);
+            }
+        });
+        let limited = stream::limited(idle, limits.max_request_bytes, self.over_limit.clone());
+        let declared = content_length(headers);
+        let read = stream::report_progress(limited, self.progress.clone(), declared);
+        match watch {
+            Some(watch) => Body::from_stream(stream::tapped(read, move |chunk| {
+                watch.request_chunk(chunk)
+            })),
+            None => Body::from_stream(read),
+        }
+    }
+
+    fn too_large(&self) -> bool {
+        self.over_limit.load(Ordering::SeqCst)
+    }
+
+    /// The exchange failed because the client stopped sending, not because the upstream did.
+    fn client_stalled(&self, outcome: &Result<Response<Body>, UpstreamError>) -> bool {
+        self.went_idle.load(Ordering::SeqCst)
+            || (matches!(outcome, Err(UpstreamError::Timeout))
+                && !self.progress.ended()
+                && self.progress.waiting_on_client())
+    }
 }
 
 /// The user whose project token is the basic-auth password. The username is ignored: git

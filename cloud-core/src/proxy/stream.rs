@@ -70,6 +70,7 @@ where
 pub struct ReadProgress {
     pulled: Notify,
     ended: AtomicBool,
+    waiting_on_client: AtomicBool,
 }
 
 impl ReadProgress {
@@ -85,6 +86,12 @@ impl ReadProgress {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// The upstream asked for more of the body and the client has not sent it yet: a stall now
+    /// is the client's.
+    pub fn waiting_on_client(&self) -> bool {
+        self.waiting_on_client.load(Ordering::SeqCst)
+    }
+
     /// Resolves at the next chunk or end after the last call.
     pub async fn changed(&self) {
         self.pulled.notified().await
@@ -98,6 +105,24 @@ impl ReadProgress {
         self.ended.store(true, Ordering::SeqCst);
         self.pulled.notify_one();
     }
+}
+
+/// Records in `progress` whether the last pull from the client's `stream` is still waiting.
+pub fn watch_client<S>(
+    stream: S,
+    progress: Arc<ReadProgress>,
+) -> impl Stream<Item = S::Item> + Send + 'static
+where
+    S: Stream + Send + 'static,
+{
+    let mut stream = Box::pin(stream);
+    futures_util::stream::poll_fn(move |cx| {
+        let poll = stream.as_mut().poll_next(cx);
+        progress
+            .waiting_on_client
+            .store(poll.is_pending(), Ordering::SeqCst);
+        poll
+    })
 }
 
 /// Reports every chunk pulled from `stream`, and its end, to `progress`. With a declared
@@ -244,6 +269,23 @@ mod tests {
         assert!(out.next().await.is_none());
         assert!(progress.ended());
         assert!(ReadProgress::finished().ended());
+    }
+
+    #[tokio::test]
+    async fn a_pending_client_is_recorded_until_it_sends() {
+        let progress = Arc::new(ReadProgress::default());
+        let (send, receive) = tokio::sync::mpsc::channel::<Result<Bytes, BoxError>>(1);
+        let client = futures_util::stream::unfold(receive, |mut r| async move {
+            let item = r.recv().await?;
+            Some((item, r))
+        });
+        let mut body = Box::pin(watch_client(client, progress.clone()));
+        let waiting = tokio::time::timeout(Duration::from_millis(20), body.next()).await;
+        assert!(waiting.is_err());
+        assert!(progress.waiting_on_client());
+        send.send(Ok(Bytes::from_static(b"x"))).await.expect("send");
+        assert!(body.next().await.is_some());
+        assert!(!progress.waiting_on_client());
     }
 
     #[tokio::test]
