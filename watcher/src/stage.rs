@@ -171,9 +171,8 @@ impl Stager {
             kept.insert(rel);
         }
         let stale: Vec<PathBuf> = self
-            .index
-            .iter()
-            .map(|entry| PathBuf::from(OsStr::from_bytes(&entry.path)))
+            .entries_under(dir)
+            .into_iter()
             .filter(|path| in_scope(path) && !kept.contains(path))
             .collect();
         for path in stale {
@@ -181,6 +180,25 @@ impl Stager {
         }
         self.skipped
             .retain(|path, _| !in_scope(path) || kept.contains(path));
+    }
+
+    /// Index paths under `dir` (all of them for the top), found by binary search: many small
+    /// subtrees in one batch must not each cost a pass over the whole index.
+    fn entries_under(&self, dir: &Path) -> Vec<PathBuf> {
+        let to_path = |entry: IndexEntry| PathBuf::from(OsStr::from_bytes(&entry.path));
+        if dir.as_os_str().is_empty() {
+            return self.index.iter().map(to_path).collect();
+        }
+        let mut prefix = dir.as_os_str().as_bytes().to_vec();
+        prefix.push(b'/');
+        let Ok(start) = self.index.find_prefix(OsStr::from_bytes(&prefix)) else {
+            return Vec::new();
+        };
+        (start..self.index.len())
+            .map_while(|i| self.index.get(i))
+            .take_while(|entry| entry.path.starts_with(&prefix))
+            .map(to_path)
+            .collect()
     }
 
     /// A subtree root that is no longer a kept directory: stage it as a single path.

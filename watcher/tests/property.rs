@@ -72,6 +72,15 @@ enum Op {
         dir: usize,
         count: u8,
     },
+    Symlink {
+        at: (usize, usize),
+        target: usize,
+    },
+    Executable {
+        dir: usize,
+        name: usize,
+        on: bool,
+    },
     Pause {
         millis: u16,
     },
@@ -91,8 +100,14 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (dir.clone(), at).prop_map(|(from, to)| Op::MoveDir { from, to }),
         2 => (dir.clone(), prop::collection::vec(0..RULES.len(), 0..3)).prop_map(|(dir, lines)| Op::Rules { dir, lines }),
         1 => (dir, 1..60u8).prop_map(|(dir, count)| Op::Burst { dir, count }),
+        1 => (at_again(), 0..DIRS.len()).prop_map(|(at, target)| Op::Symlink { at, target }),
+        1 => (0..DIRS.len(), 0..NAMES.len(), any::<bool>()).prop_map(|(dir, name, on)| Op::Executable { dir, name, on }),
         1 => (0..400u16).prop_map(|millis| Op::Pause { millis }),
     ]
+}
+
+fn at_again() -> impl Strategy<Value = (usize, usize)> {
+    (0..DIRS.len(), 0..NAMES.len())
 }
 
 fn join(root: &Path, dir: usize, name: usize) -> std::path::PathBuf {
@@ -136,6 +151,18 @@ fn apply(root: &Path, op: &Op) {
                 let path = base.join(format!("d{}", i % 4)).join(format!("f{i}"));
                 fs::create_dir_all(path.parent().unwrap()).and_then(|()| fs::write(path, [i]))
             })
+        }
+        // Links to directories (even to an ancestor: a loop) are saved as links, never followed.
+        Op::Symlink { at, target } => {
+            let path = join(root, at.0, at.1);
+            let target = root.join(DIRS[*target]);
+            fs::create_dir_all(path.parent().unwrap())
+                .and_then(|()| std::os::unix::fs::symlink(target, &path))
+        }
+        Op::Executable { dir, name, on } => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = if *on { 0o755 } else { 0o644 };
+            fs::set_permissions(join(root, *dir, *name), fs::Permissions::from_mode(mode))
         }
         Op::Pause { millis } => {
             std::thread::sleep(Duration::from_millis(u64::from(*millis)));
