@@ -18,7 +18,9 @@ fn env_line() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1024))]
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1024)
+    ))]
 
     #[test]
     fn every_manifest_the_watcher_writes_is_one_the_cloud_accepts(
