@@ -404,6 +404,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         filter,
     } = setup(&config)?;
     let _instance = InstanceLock::try_acquire(&git_dir)?;
+    // libgit2's object cache keeps every tree and commit a save or a push read until the
+    // process ends: an idle watcher would hold the peak of its largest batch. A save reads a
+    // handful of objects, so reading them again costs less than keeping them.
+    git2::opts::enable_caching(false);
     // Written before the watches exist, so the watcher does not see its own write as a change.
     sync_manifest(&workdir, &git_dir).await?;
     let (problems_tx, mut problems) = watch::channel(None);
