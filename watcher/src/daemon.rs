@@ -18,7 +18,8 @@ use crate::debounce::{self, Debounce, Debounced};
 use crate::filter::Filter;
 use crate::lock::{self, InstanceLock, LockError, RepoLock};
 use crate::manifest;
-use crate::push::{PushEvent, PushHandle, PushSettings};
+use crate::push::{PushEvent, PushHandle};
+use crate::remote::RemoteSettings;
 use crate::stage::{StageError, Stager};
 use crate::status::{self, SkippedFile, State, Status};
 use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
@@ -290,7 +291,7 @@ fn start_push(config: &Config, repo: &Repository, workdir: &Path) -> Option<Push
     }
     let (heads, heads_rx) = watch::channel(None);
     let (events_tx, events) = mpsc::channel(64);
-    let settings = PushSettings {
+    let settings = RemoteSettings {
         workdir: workdir.to_owned(),
         remote: config.remote.clone(),
         branch: config.branch.clone(),
