@@ -18,7 +18,8 @@ use crate::debounce::{self, Debounce, Debounced};
 use crate::filter::Filter;
 use crate::lock::{self, InstanceLock, LockError, RepoLock};
 use crate::manifest;
-use crate::push::{PushEvent, PushHandle, PushSettings};
+use crate::push::{PushEvent, PushHandle};
+use crate::remote::RemoteSettings;
 use crate::stage::{StageError, Stager};
 use crate::status::{self, SkippedFile, State, Status};
 use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
@@ -290,7 +291,7 @@ fn start_push(config: &Config, repo: &Repository, workdir: &Path) -> Option<Push
     }
     let (heads, heads_rx) = watch::channel(None);
     let (events_tx, events) = mpsc::channel(64);
-    let settings = PushSettings {
+    let settings = RemoteSettings {
         workdir: workdir.to_owned(),
         remote: config.remote.clone(),
         branch: config.branch.clone(),
@@ -404,6 +405,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         filter,
     } = setup(&config)?;
     let _instance = InstanceLock::try_acquire(&git_dir)?;
+    // libgit2's object cache keeps every tree and commit a save or a push read until the
+    // process ends: an idle watcher would hold the peak of its largest batch. A save reads a
+    // handful of objects, so reading them again costs less than keeping them.
+    git2::opts::enable_caching(false);
     // Written before the watches exist, so the watcher does not see its own write as a change.
     sync_manifest(&workdir, &git_dir).await?;
     let (problems_tx, mut problems) = watch::channel(None);

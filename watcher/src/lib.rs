@@ -13,6 +13,7 @@ pub mod lock;
 pub mod logging;
 pub mod manifest;
 pub mod push;
+pub mod remote;
 pub mod restore;
 pub mod retry;
 pub mod scan;

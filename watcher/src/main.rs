@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use project_watcher::config::{self, Config, LogFormat};
 use project_watcher::daemon;
-use project_watcher::restore::{self, RestoreSettings, Restored};
+use project_watcher::remote::{self, RemoteSettings};
+use project_watcher::restore::{self, Restored};
 use project_watcher::sync::{self, SyncSettings};
 
 #[derive(Parser)]
@@ -53,14 +54,12 @@ struct RestoreArgs {
 }
 
 impl RestoreArgs {
-    fn into_settings(self) -> RestoreSettings {
-        RestoreSettings {
+    fn into_settings(self) -> RemoteSettings {
+        RemoteSettings {
             workdir: self.dir,
             remote: self.remote,
             branch: self.branch,
-            token: std::env::var("PROJECT_TOKEN")
-                .ok()
-                .filter(|t| !t.is_empty()),
+            token: remote::token_from_env(),
         }
     }
 }
@@ -134,9 +133,7 @@ impl WatchArgs {
         config.max_file_size = self.max_file_size;
         config.shutdown_timeout = self.shutdown_timeout;
         config.log_format = self.log_format;
-        config.token = std::env::var("PROJECT_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty());
+        config.token = remote::token_from_env();
         config.validate()
     }
 }

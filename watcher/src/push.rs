@@ -10,36 +10,16 @@
 //! branch contains the remote one again (after a sync); then normal pushes resume.
 
 use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use git2::{Cred, CredentialType, FetchOptions, Oid, PushOptions, RemoteCallbacks, Repository};
+use git2::{FetchOptions, Oid, PushOptions, Repository};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::lock::{self, WorkMarker};
+use crate::remote::{self, RemoteSettings};
 use crate::retry::{self, Backoff, FailureKind};
-
-/// What the pusher needs to know. `token` is the basic-auth password, from `PROJECT_TOKEN`.
-#[derive(Clone)]
-pub struct PushSettings {
-    pub workdir: PathBuf,
-    pub remote: String,
-    pub branch: String,
-    pub token: Option<String>,
-}
-
-impl std::fmt::Debug for PushSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PushSettings")
-            .field("workdir", &self.workdir)
-            .field("remote", &self.remote)
-            .field("branch", &self.branch)
-            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
-            .finish()
-    }
-}
 
 /// What the pusher tells the daemon. Messages never contain the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +50,7 @@ impl PushHandle {
     /// the first head arrives it pushes the local branch if the remote lacks it (commits left
     /// unpushed by an earlier run).
     pub fn spawn(
-        settings: PushSettings,
+        settings: RemoteSettings,
         heads: watch::Receiver<Option<git2::Oid>>,
         events: mpsc::Sender<PushEvent>,
     ) -> Self {
@@ -381,7 +361,7 @@ fn url_userinfo(url: &str) -> Option<&str> {
 
 /// The real remote: libgit2 against the repository's configured remote.
 struct GitRemote {
-    settings: PushSettings,
+    settings: RemoteSettings,
 }
 
 impl GitRemote {
@@ -464,29 +444,6 @@ impl GitRemote {
         };
         self.scrub(&text, url)
     }
-
-    /// Callbacks that answer the basic-auth challenge once per attempt: libgit2 asks again
-    /// after a 401, and answering again would only repeat a refused token.
-    fn callbacks<'a>(&'a self, asked: &'a Cell<u32>) -> RemoteCallbacks<'a> {
-        let mut callbacks = RemoteCallbacks::new();
-        let token = self.settings.token.as_deref();
-        callbacks.credentials(move |_url, username, allowed| {
-            asked.set(asked.get() + 1);
-            match token {
-                Some(token)
-                    if asked.get() == 1
-                        && allowed.contains(CredentialType::USER_PASS_PLAINTEXT) =>
-                {
-                    Cred::userpass_plaintext(username.unwrap_or("project-watcher"), token)
-                }
-                Some(_) => Err(git2::Error::from_str("the remote refused PROJECT_TOKEN")),
-                None => Err(git2::Error::from_str(
-                    "the remote asks for credentials and PROJECT_TOKEN is not set",
-                )),
-            }
-        });
-        callbacks
-    }
 }
 
 impl Remote for GitRemote {
@@ -505,7 +462,7 @@ impl Remote for GitRemote {
         let refused: RefCell<Vec<(String, String)>> = RefCell::new(Vec::new());
         let said = RefCell::new(String::new());
         let result = {
-            let mut callbacks = self.callbacks(&asked);
+            let mut callbacks = remote::credentials(self.settings.token.as_deref(), &asked);
             callbacks.push_update_reference(|refname, status| {
                 if let Some(message) = status {
                     refused
@@ -579,7 +536,7 @@ impl Remote for GitRemote {
         let result = {
             let mut options = FetchOptions::new();
             options
-                .remote_callbacks(self.callbacks(&asked))
+                .remote_callbacks(remote::credentials(self.settings.token.as_deref(), &asked))
                 .download_tags(git2::AutotagOption::None);
             remote.fetch(
                 &[format!("+refs/heads/{}:{tracking}", self.settings.branch)],

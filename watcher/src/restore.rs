@@ -11,32 +11,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use git2::build::CheckoutBuilder;
-use git2::{
-    AutotagOption, Cred, CredentialType, FetchOptions, Oid, RemoteCallbacks, Repository, Status,
-    StatusOptions,
-};
+use git2::{AutotagOption, FetchOptions, Oid, Repository, Status, StatusOptions};
 
 use crate::lock::{LockError, RepoLock};
-
-/// Where to restore from. `token` is the basic-auth password, from `PROJECT_TOKEN`.
-#[derive(Clone)]
-pub struct RestoreSettings {
-    pub workdir: PathBuf,
-    pub remote: String,
-    pub branch: String,
-    pub token: Option<String>,
-}
-
-impl std::fmt::Debug for RestoreSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RestoreSettings")
-            .field("workdir", &self.workdir)
-            .field("remote", &self.remote)
-            .field("branch", &self.branch)
-            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
-            .finish()
-    }
-}
+use crate::remote::{self, RemoteSettings};
 
 /// What a restore did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +63,7 @@ impl RestoreError {
 
 /// Fetches the branch and, if the remote has it, makes the working tree exactly its tree.
 /// Holds the repo lock throughout, so a running watcher waits and sees only the result.
-pub fn restore(settings: &RestoreSettings) -> Result<Restored, RestoreError> {
+pub fn restore(settings: &RemoteSettings) -> Result<Restored, RestoreError> {
     let repo = open(&settings.workdir)?;
     let _lock = RepoLock::acquire(repo.path())?;
     match fetch_branch(&repo, settings)? {
@@ -108,7 +86,7 @@ pub(crate) fn open(workdir: &Path) -> Result<Repository, RestoreError> {
 /// `None` when the remote has no such branch.
 pub(crate) fn fetch_branch(
     repo: &Repository,
-    settings: &RestoreSettings,
+    settings: &RemoteSettings,
 ) -> Result<Option<Oid>, RestoreError> {
     let fetch_err = |source| RestoreError::Fetch {
         remote: settings.remote.clone(),
@@ -127,9 +105,10 @@ pub(crate) fn fetch_branch(
     })?;
     let remote_ref = format!("refs/heads/{}", settings.branch);
     let tracking_ref = format!("refs/remotes/{}/{}", settings.remote, settings.branch);
+    let asked = std::cell::Cell::new(0);
     let mut options = FetchOptions::new();
     options
-        .remote_callbacks(credentials(settings.token.as_deref()))
+        .remote_callbacks(remote::credentials(settings.token.as_deref(), &asked))
         .download_tags(AutotagOption::None);
     remote
         .fetch(
@@ -147,26 +126,6 @@ pub(crate) fn fetch_branch(
         .find(|head| head.name() == remote_ref)
         .map(|head| head.oid());
     Ok(advertised)
-}
-
-/// Answers the server's basic-auth challenge once with the project token; a second challenge
-/// means the token was refused, and asking again would only repeat the refusal.
-pub(crate) fn credentials(token: Option<&str>) -> RemoteCallbacks<'_> {
-    let mut callbacks = RemoteCallbacks::new();
-    let mut asked = false;
-    callbacks.credentials(move |_url, _username, allowed| match token {
-        Some(token) if !asked && allowed.contains(CredentialType::USER_PASS_PLAINTEXT) => {
-            asked = true;
-            Cred::userpass_plaintext("project-watcher", token)
-        }
-        Some(_) if asked => Err(git2::Error::from_str(
-            "the remote refused PROJECT_TOKEN (authentication failed)",
-        )),
-        _ => Err(git2::Error::from_str(
-            "the remote asks for credentials and PROJECT_TOKEN is not set",
-        )),
-    });
-    callbacks
 }
 
 /// Makes the working tree, the index and `branch` exactly `commit`, with HEAD on `branch`.
@@ -344,8 +303,8 @@ mod tests {
         fs::write(dir.join("run.sh"), "#!/bin/sh\necho run\n").unwrap();
     }
 
-    fn settings(workdir: &Path) -> RestoreSettings {
-        RestoreSettings {
+    fn settings(workdir: &Path) -> RemoteSettings {
+        RemoteSettings {
             workdir: workdir.to_owned(),
             remote: "project".into(),
             branch: "main".into(),

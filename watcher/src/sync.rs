@@ -16,7 +16,8 @@ use std::time::SystemTime;
 use git2::{IndexAddOption, Oid, Repository, Signature};
 
 use crate::lock::RepoLock;
-use crate::restore::{self, RestoreError, RestoreSettings, exclude_env_files};
+use crate::remote::RemoteSettings;
+use crate::restore::{self, RestoreError, exclude_env_files};
 
 /// How many lines of a failed step's output the failure file keeps.
 pub const FAILURE_TAIL_LINES: usize = 50;
@@ -41,7 +42,7 @@ const DEPENDENCY_FILES: &[&str] = &[
 
 #[derive(Debug, Clone)]
 pub struct SyncSettings {
-    pub restore: RestoreSettings,
+    pub restore: RemoteSettings,
     pub failure_file: PathBuf,
     pub stop_cmd: Option<String>,
     /// Overrides the lock file's own package manager.
@@ -456,7 +457,7 @@ mod tests {
             let log = self.log();
             let log = log.display();
             SyncSettings {
-                restore: RestoreSettings {
+                restore: RemoteSettings {
                     workdir: self.sandbox.clone(),
                     remote: "project".into(),
                     branch: "main".into(),

@@ -53,4 +53,13 @@ fn thousands_of_files_in_node_modules_make_no_commit_and_no_watch() {
             .any(|p| p.starts_with("node_modules"))
     );
     assert_eq!(inotify_watches_of_this_process(), kept_dirs + 1);
+
+    // A directory that becomes ignored, and one that is removed, lose their watches.
+    repo.write(".gitignore", "node_modules\nsrc/lib\n");
+    fs::remove_dir_all(repo.path("src/app")).unwrap();
+    repo.wait_saved();
+    assert!(!repo.head_paths().iter().any(|p| p.starts_with("src/lib")));
+    until(PATIENCE, "two fewer watches", || {
+        (inotify_watches_of_this_process() == kept_dirs - 1).then_some(())
+    });
 }

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use git2::Oid;
-use project_watcher::push::{PushEvent, PushHandle, PushSettings};
+use project_watcher::push::{PushEvent, PushHandle};
+use project_watcher::remote::RemoteSettings;
 use testkit::git::{git, init_bare, init_repo};
 use testkit::git_server::{Fault, GitServer};
 use tokio::sync::{mpsc, watch};
@@ -41,7 +42,7 @@ impl World {
         git(&work, ["remote", "add", "project", &url]);
         let (heads, heads_rx) = watch::channel(None);
         let (events_tx, events) = mpsc::channel(256);
-        let settings = PushSettings {
+        let settings = RemoteSettings {
             workdir: work.clone(),
             remote: "project".into(),
             branch: "main".into(),

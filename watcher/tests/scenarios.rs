@@ -359,3 +359,25 @@ fn a_directory_renamed_away_and_made_again_is_still_watched() {
     repo.wait_saved();
     assert!(repo.head_paths().contains(&"dir/c.txt".to_owned()));
 }
+
+#[test]
+fn core_excludes_file_is_respected_and_reloaded_when_edited() {
+    let repo = Repo::new();
+    let outside = tempfile::tempdir().unwrap();
+    let excludes = outside.path().join("global-ignore");
+    fs::write(&excludes, "*.swp\n").unwrap();
+    repo.git(&["config", "core.excludesFile", excludes.to_str().unwrap()]);
+    repo.write("notes.swp", "editor swap file");
+    repo.write("notes.md", "notes");
+    repo.write("scratch.tmp", "scratch");
+    let _daemon = Daemon::start(&repo, repo.config());
+    let paths = repo.head_paths();
+    assert!(!paths.contains(&"notes.swp".to_owned()), "{paths:?}");
+    assert!(paths.contains(&"scratch.tmp".to_owned()), "{paths:?}");
+
+    fs::write(&excludes, "*.swp\n*.tmp\n").unwrap();
+    repo.wait_saved();
+    let paths = repo.head_paths();
+    assert!(!paths.contains(&"scratch.tmp".to_owned()), "{paths:?}");
+    assert!(paths.contains(&"notes.md".to_owned()), "{paths:?}");
+}
