@@ -4,12 +4,12 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use project_watcher::status::{self, State, Status};
 use testkit::git::{git, git_output, hermetic_env, init_repo, tree_of, tree_of_add_all};
 use testkit::git_server::{Fault, GitServer};
-use testkit::wait::until;
+use testkit::wait::{until, until_seen};
 
 const TOKEN: &str = "ptok-7c1d2e93b8a4-do-not-leak";
 /// Generous: other builds and tests share the machine's two cores.
@@ -48,18 +48,10 @@ impl Sandbox {
 
     /// Waits for a status the check accepts; the last status seen is in the panic message.
     fn wait_status(&self, what: &str, check: impl Fn(&Status) -> bool) -> Status {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let status = self.status();
-            if let Some(s) = status.as_ref().filter(|s| check(s)) {
-                return s.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; last status: {status:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(25));
-        }
+        until_seen(PATIENCE, what, || match self.status() {
+            Some(s) if check(&s) => Ok(s),
+            other => Err(Box::new(other)),
+        })
     }
 
     fn remote_rev(&self, rev: &str) -> Option<String> {

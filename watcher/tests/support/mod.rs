@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use project_watcher::status::{self, State, Status};
 use testkit::git::{command, git, git_output, hermetic_env, init_bare, init_repo, tree_of};
 use testkit::git_server::GitServer;
-use testkit::wait::until;
+use testkit::wait::{until, until_seen};
 
 /// Generous: other builds and tests share the machine's two cores.
 pub const PATIENCE: Duration = Duration::from_secs(60);
@@ -137,18 +137,10 @@ impl Project {
         timeout: Duration,
         check: impl Fn(&Status) -> bool,
     ) -> Status {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let status = self.status();
-            if let Some(s) = status.as_ref().filter(|s| check(s)) {
-                return s.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {timeout:?} waiting for {what}; last status: {status:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(25));
-        }
+        until_seen(timeout, what, || match self.status() {
+            Some(s) if check(&s) => Ok(s),
+            other => Err(Box::new(other)),
+        })
     }
 
     /// The watcher, started with short debounce times; logs (JSON, debug) go to a file
@@ -262,25 +254,25 @@ impl Project {
 
     /// Waits until the remote `main` holds the working tree and the status says all is pushed.
     pub fn wait_pushed(&self, timeout: Duration) -> Status {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let expected = self.expected_tree(&[]);
-            let remote = tree_of(&self.bare, "main");
-            let status = self.status();
-            let done = remote.as_deref() == Some(expected.as_str())
-                && status.as_ref().is_some_and(|s| {
-                    s.unpushed_commits == 0 && s.state == State::Idle && s.last_push_error.is_none()
-                });
-            if done {
-                return status.unwrap();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {timeout:?} waiting for the remote to hold the working tree \
-                 (remote {remote:?}, expected {expected}); last status: {status:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        until_seen(
+            timeout,
+            "the remote to hold the working tree and the status to say all is pushed",
+            || {
+                let expected = self.expected_tree(&[]);
+                let remote = tree_of(&self.bare, "main");
+                match self.status() {
+                    Some(s)
+                        if remote.as_deref() == Some(expected.as_str())
+                            && s.unpushed_commits == 0
+                            && s.state == State::Idle
+                            && s.last_push_error.is_none() =>
+                    {
+                        Ok(s)
+                    }
+                    status => Err(Box::new((remote, expected, status))),
+                }
+            },
+        )
     }
 
     /// The bytes of `rel` in the remote `main`, `None` when it has no such path.
