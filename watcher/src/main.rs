@@ -34,26 +34,28 @@ enum Command {
     Status(StatusArgs),
     /// Make the working tree exactly the remote branch (a fresh sandbox). Ignored files stay;
     /// with no remote branch yet (a new user) nothing changes.
-    Restore(RestoreArgs),
+    Restore(RemoteArgs),
     /// Bring the project to the remote branch after a push from elsewhere: back up unsaved
     /// work, stop, pull, reinstall dependencies if needed, start.
     Sync(SyncArgs),
 }
 
+/// Which project, and which remote branch it is saved to and restored from: the same flags
+/// and env vars for every command that talks to the remote.
 #[derive(Args)]
-struct RestoreArgs {
+struct RemoteArgs {
     /// The project directory (top of a git working tree).
     #[arg(long, env = "PROJECT_DIR", default_value = ".")]
     dir: PathBuf,
-    /// The remote to restore from.
+    /// The remote the project is saved to; when it does not exist, `watch` commits locally.
     #[arg(long, env = "PROJECT_REMOTE", default_value = config::DEFAULT_REMOTE)]
     remote: String,
-    /// The branch to restore.
+    /// The branch on that remote.
     #[arg(long, env = "PROJECT_BRANCH", default_value = config::DEFAULT_BRANCH)]
     branch: String,
 }
 
-impl RestoreArgs {
+impl RemoteArgs {
     fn into_settings(self) -> RemoteSettings {
         RemoteSettings {
             workdir: self.dir,
@@ -67,7 +69,7 @@ impl RestoreArgs {
 #[derive(Args)]
 struct SyncArgs {
     #[command(flatten)]
-    restore: RestoreArgs,
+    project: RemoteArgs,
     /// Where a failed step leaves its name and output tail; removed on success.
     #[arg(long, default_value = sync::DEFAULT_FAILURE_FILE)]
     failure_file: PathBuf,
@@ -84,15 +86,8 @@ struct SyncArgs {
 
 #[derive(Args)]
 struct WatchArgs {
-    /// The project directory (top of a git working tree).
-    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
-    dir: PathBuf,
-    /// The remote to push to; when it does not exist, commits stay local.
-    #[arg(long, env = "PROJECT_REMOTE", default_value = config::DEFAULT_REMOTE)]
-    remote: String,
-    /// The branch to push.
-    #[arg(long, env = "PROJECT_BRANCH", default_value = config::DEFAULT_BRANCH)]
-    branch: String,
+    #[command(flatten)]
+    project: RemoteArgs,
     /// Commit once no change arrived for this long.
     #[arg(long, env = "WATCHER_DEBOUNCE", default_value = "3s", value_parser = config::parse_duration)]
     debounce: Duration,
@@ -124,9 +119,9 @@ struct StatusArgs {
 
 impl WatchArgs {
     fn into_config(self) -> Result<Config, config::ConfigError> {
-        let mut config = Config::new(self.dir);
-        config.remote = self.remote;
-        config.branch = self.branch;
+        let mut config = Config::new(self.project.dir);
+        config.remote = self.project.remote;
+        config.branch = self.project.branch;
         config.debounce = self.debounce;
         config.max_delay = self.max_delay;
         config.push = !self.no_push;
@@ -158,7 +153,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn restore_command(args: RestoreArgs) -> ExitCode {
+fn restore_command(args: RemoteArgs) -> ExitCode {
     project_watcher::logging::init(LogFormat::Auto);
     match restore::restore(&args.into_settings()) {
         Ok(Restored::Commit(commit)) => {
@@ -179,7 +174,7 @@ fn restore_command(args: RestoreArgs) -> ExitCode {
 fn sync_command(args: SyncArgs) -> ExitCode {
     project_watcher::logging::init(LogFormat::Auto);
     let settings = SyncSettings {
-        restore: args.restore.into_settings(),
+        restore: args.project.into_settings(),
         failure_file: args.failure_file,
         stop_cmd: args.stop_cmd,
         install_cmd: args.install_cmd,
