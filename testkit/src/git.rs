@@ -115,3 +115,47 @@ pub fn tree_of_add_all(work_tree: &Path) -> String {
 pub fn ls_tree(dir: &Path, rev: &str) -> String {
     git(dir, ["ls-tree", "-r", "--full-tree", rev])
 }
+
+/// A project saved to a bare remote, as restore and sync find it: `sandbox` saved it (its
+/// remote `project` is `remote`), and `laptop` is a developer's clone (remote `origin`) that
+/// pushes from elsewhere. Everything lives in `tmp`.
+#[derive(Debug)]
+pub struct SavedProject {
+    pub tmp: tempfile::TempDir,
+    pub remote: PathBuf,
+    pub sandbox: PathBuf,
+    pub laptop: PathBuf,
+}
+
+impl SavedProject {
+    /// Writes `.gitignore` (ignoring `node_modules/`) and `files` into the sandbox, commits
+    /// them, pushes to the remote, and clones the laptop from it.
+    pub fn new(files: &[(&str, &str)]) -> Self {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let remote = tmp.path().join("remote.git");
+        let sandbox = tmp.path().join("sandbox");
+        let laptop = tmp.path().join("laptop");
+        init_bare(&remote);
+        init_repo(&sandbox);
+        let write = |rel: &str, body: &str| {
+            std::fs::write(sandbox.join(rel), body).expect("write a fixture file");
+        };
+        write(".gitignore", "node_modules/\n");
+        for (rel, body) in files {
+            write(rel, body);
+        }
+        let remote_path = remote.to_str().expect("temp paths are UTF-8");
+        git(&sandbox, ["add", "-A"]);
+        git(&sandbox, ["commit", "-qm", "first"]);
+        git(&sandbox, ["remote", "add", "project", remote_path]);
+        git(&sandbox, ["push", "-q", "project", "main"]);
+        git(tmp.path(), ["clone", "-q", remote_path, "laptop"]);
+        init_repo(&laptop);
+        Self {
+            tmp,
+            remote,
+            sandbox,
+            laptop,
+        }
+    }
+}

@@ -399,46 +399,24 @@ fn remove_failure_file(path: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::time::Duration;
-    use testkit::git::{git, init_bare, init_repo, tree_of, tree_of_add_all};
+    use testkit::git::{SavedProject, git, tree_of, tree_of_add_all};
 
-    /// A bare remote with a saved project, a sandbox that restored it, and a developer's
-    /// clone that pushes from elsewhere.
-    struct Setup {
-        tmp: tempfile::TempDir,
-        remote: PathBuf,
-        sandbox: PathBuf,
-        laptop: PathBuf,
+    /// A saved project with a lock file, so installs can be asked for; helpers below.
+    struct Setup(SavedProject);
+
+    impl std::ops::Deref for Setup {
+        type Target = SavedProject;
+        fn deref(&self) -> &SavedProject {
+            &self.0
+        }
     }
 
     fn setup() -> Setup {
-        let tmp = tempfile::tempdir().unwrap();
-        let remote = tmp.path().join("remote.git");
-        let sandbox = tmp.path().join("sandbox");
-        let laptop = tmp.path().join("laptop");
-        init_bare(&remote);
-        init_repo(&sandbox);
-        fs::write(sandbox.join(".gitignore"), "node_modules/\n").unwrap();
-        fs::write(sandbox.join("package.json"), "{\"name\": \"app\"}\n").unwrap();
-        fs::write(sandbox.join("package-lock.json"), "{}\n").unwrap();
-        fs::write(sandbox.join("app.ts"), "v1\n").unwrap();
-        git(&sandbox, ["add", "-A"]);
-        git(&sandbox, ["commit", "-qm", "first"]);
-        git(
-            &sandbox,
-            ["remote", "add", "project", remote.to_str().unwrap()],
-        );
-        git(&sandbox, ["push", "-q", "project", "main"]);
-        git(
-            tmp.path(),
-            ["clone", "-q", remote.to_str().unwrap(), "laptop"],
-        );
-        init_repo(&laptop);
-        Setup {
-            tmp,
-            remote,
-            sandbox,
-            laptop,
-        }
+        Setup(SavedProject::new(&[
+            ("package.json", "{\"name\": \"app\"}\n"),
+            ("package-lock.json", "{}\n"),
+            ("app.ts", "v1\n"),
+        ]))
     }
 
     impl Setup {

@@ -3,54 +3,37 @@
 //! consistent across a sync (the reset never comes back as a commit).
 
 use std::fs;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use testkit::git::{git, hermetic_env, init_bare, init_repo, tree_of, tree_of_add_all};
+use testkit::git::{
+    SavedProject, git, hermetic_env, init_bare, init_repo, tree_of, tree_of_add_all,
+};
 use testkit::wait::until;
 
 const BIN: &str = env!("CARGO_BIN_EXE_project-watcher");
 /// Generous: other builds and tests share the machine's two cores.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-struct Setup {
-    tmp: tempfile::TempDir,
-    remote: PathBuf,
-    sandbox: PathBuf,
-    laptop: PathBuf,
+/// The saved project these tests start from; its helpers are below.
+struct Setup(SavedProject);
+
+impl Deref for Setup {
+    type Target = SavedProject;
+    fn deref(&self) -> &SavedProject {
+        &self.0
+    }
 }
 
 /// A remote holding a saved project, a sandbox that has it checked out, a laptop clone.
 fn setup() -> Setup {
-    let tmp = tempfile::tempdir().unwrap();
-    let remote = tmp.path().join("remote.git");
-    let sandbox = tmp.path().join("sandbox");
-    let laptop = tmp.path().join("laptop");
-    init_bare(&remote);
-    init_repo(&sandbox);
-    fs::write(sandbox.join(".gitignore"), "node_modules/\n").unwrap();
-    fs::write(sandbox.join("package.json"), "{\"name\": \"app\"}\n").unwrap();
-    fs::write(sandbox.join("app.ts"), "v1\n").unwrap();
-    fs::write(sandbox.join("old.txt"), "the laptop deletes this\n").unwrap();
-    git(&sandbox, ["add", "-A"]);
-    git(&sandbox, ["commit", "-qm", "first"]);
-    git(
-        &sandbox,
-        ["remote", "add", "project", remote.to_str().unwrap()],
-    );
-    git(&sandbox, ["push", "-q", "project", "main"]);
-    git(
-        tmp.path(),
-        ["clone", "-q", remote.to_str().unwrap(), "laptop"],
-    );
-    init_repo(&laptop);
-    Setup {
-        tmp,
-        remote,
-        sandbox,
-        laptop,
-    }
+    Setup(SavedProject::new(&[
+        ("package.json", "{\"name\": \"app\"}\n"),
+        ("app.ts", "v1\n"),
+        ("old.txt", "the laptop deletes this\n"),
+    ]))
 }
 
 impl Setup {
