@@ -207,7 +207,10 @@ impl TreeWatcher {
         let meta = std::fs::symlink_metadata(abs).ok();
         let is_dir = meta.as_ref().is_some_and(|m| m.is_dir());
         let kept = self.read_filter().is_kept(rel, is_dir || was_watched);
-        if is_dir && kept && !scan::is_nested_repo(abs) {
+        // The project's own top holds `.git` too, but it is the repository, not a nested one:
+        // an event on it (a chmod) must not drop every watch.
+        let top = rel.as_os_str().is_empty();
+        if is_dir && kept && (top || !scan::is_nested_repo(abs)) {
             if !self.watched.contains(rel) {
                 self.reconcile(rel);
                 changes.subtrees.insert(rel.to_owned());

@@ -46,6 +46,26 @@ fn start_up_commits_uncommitted_work_and_an_empty_manifest() {
     assert_eq!(status.unpushed_commits, 2);
 }
 
+/// The project's top holds `.git`, yet an event on it (here a chmod) is not a nested
+/// repository appearing: the watches stay, and a later file is committed while running.
+#[test]
+fn a_chmod_of_the_project_top_keeps_every_watch() {
+    use std::os::unix::fs::PermissionsExt;
+    let repo = Repo::new();
+    fs::create_dir_all(repo.path("src")).unwrap();
+    let _daemon = Daemon::start(&repo, repo.config());
+    fs::set_permissions(&repo.dir, fs::Permissions::from_mode(0o750)).unwrap();
+    repo.wait_saved();
+    repo.write("src/after-chmod.txt", "saved while running\n");
+    repo.wait_saved_within(Duration::from_secs(15));
+    assert!(
+        repo.head_paths()
+            .contains(&"src/after-chmod.txt".to_owned()),
+        "{:?}",
+        repo.head_paths()
+    );
+}
+
 #[test]
 fn a_deep_tree_made_in_one_go_is_committed_completely() {
     let repo = Repo::new();
