@@ -1,21 +1,31 @@
-//! Reliability: `kill -9` of the real watcher at random moments (starting up, staging,
-//! committing, writing the index, pushing over HTTP), restarted each time, while numbered
-//! edits keep coming. Afterwards the remote holds every edit's final content, `git fsck` is
-//! clean, and a new watcher starts and saves (no lock blocks work).
+//! Reliability: `kill -9` of the real watcher, restarted each time, while numbered edits keep
+//! coming. Each kill is aimed (start-up, a random moment, inside a save, inside a push, after a
+//! calm spell); the watcher is frozen with SIGSTOP first, so the phase the kill hit is read from
+//! its own files (status, work markers, git's lock files) and recorded. At that frozen moment,
+//! every edit older than debounce + max-delay + a push (counted from when this watcher became
+//! ready, for edits made before) must already be on the remote. Afterwards the remote holds
+//! every edit's final content, `git fsck` is clean, and a new watcher starts and saves.
 //!
-//! `RELIABILITY_ROUNDS` (default 12) sets the kills; `RELIABILITY_SEED` replays a run.
+//! `RELIABILITY_ROUNDS` (default 12) sets the kills; `RELIABILITY_SEED` replays a run;
+//! `RELIABILITY_PUSH_MS` (default 2000) is what "a push" may take on this machine.
 
 mod support;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
 
-use support::{PATIENCE, Project, Rng, knob, report};
+use project_watcher::status::State;
+use support::{PATIENCE, Project, Rng, Watcher, knob, report};
 
-/// Every edit's path and its final content (`None`: deleted).
+const DEBOUNCE: Duration = Duration::from_millis(30);
+const MAX_DELAY: Duration = Duration::from_millis(300);
+const ARGS: [&str; 4] = ["--debounce", "30ms", "--max-delay", "300ms"];
+
+/// Every edited path: its final content (`None`: deleted) and when it was written.
 struct Edits {
-    expected: BTreeMap<String, Option<String>>,
+    expected: BTreeMap<String, (Option<String>, Instant)>,
     made: u64,
 }
 
@@ -29,15 +39,16 @@ impl Edits {
             0 => format!("new-{n}/file.txt"),
             // Deleting something that exists.
             1 => {
-                if let Some(victim) = self
+                let present: Vec<String> = self
                     .expected
                     .iter()
-                    .filter(|(_, v)| v.is_some())
+                    .filter(|(_, (body, _))| body.is_some())
                     .map(|(k, _)| k.clone())
-                    .nth(rng.below(self.expected.len() as u64) as usize)
-                {
+                    .collect();
+                if !present.is_empty() {
+                    let victim = present[rng.below(present.len() as u64) as usize].clone();
                     fs::remove_file(project.path(&victim)).unwrap();
-                    self.expected.insert(victim, None);
+                    self.expected.insert(victim, (None, Instant::now()));
                     return;
                 }
                 format!("{dir}f{}.txt", rng.below(8))
@@ -53,14 +64,157 @@ impl Edits {
             project.write(&tmp, &body);
             fs::rename(project.path(&tmp), project.path(&rel)).unwrap();
         }
-        self.expected.insert(rel, Some(body));
+        self.expected.insert(rel, (Some(body), Instant::now()));
+    }
+
+    /// A burst of files in one new directory (`npm run build` writing its output): a save
+    /// long enough to be caught inside.
+    fn burst(&mut self, project: &Project) {
+        self.made += 1;
+        let n = self.made;
+        for i in 0..150 {
+            let rel = format!("burst-{n}/part-{i}.txt");
+            let body = format!("burst {n} part {i}\n");
+            project.write(&rel, &body);
+            self.expected.insert(rel, (Some(body), Instant::now()));
+        }
+    }
+}
+
+/// Where a kill landed, read from the frozen watcher's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    /// Before its first status: the start-up full pass and first commit.
+    StartUp,
+    /// A change seen, the debounce running.
+    Debounce,
+    /// Inside a save, staging (the save marker is there, no git lock yet).
+    Stage,
+    /// Inside a save, writing the index (`index.lock`).
+    IndexWrite,
+    /// Inside a save, moving the branch (`HEAD.lock` or the branch's lock).
+    Commit,
+    /// Inside a push (the push marker).
+    Push,
+    /// Waiting to retry a failed push.
+    Backoff,
+    Idle,
+}
+
+/// How a round chooses its moment.
+#[derive(Debug, Clone, Copy)]
+enum Aim {
+    StartUp,
+    Random,
+    Save,
+    Push,
+    Calm,
+}
+
+/// One watcher's life, from spawn to kill.
+struct Life<'a> {
+    project: &'a Project,
+    watcher: Watcher,
+    spawned: SystemTime,
+    ready_at: Option<Instant>,
+}
+
+impl Life<'_> {
+    fn state_dir(&self) -> PathBuf {
+        self.project.git_dir().join("project-watcher")
+    }
+
+    /// Notes the moment the watcher's first status appears (its start-up pass is done).
+    fn observe(&mut self) {
+        if self.ready_at.is_none()
+            && self
+                .project
+                .status()
+                .is_some_and(|s| s.pid == self.watcher.pid())
+        {
+            self.ready_at = Some(Instant::now());
+        }
+    }
+
+    /// Sleeps `d`, watching for readiness.
+    fn pause(&mut self, d: Duration) {
+        let until = Instant::now() + d;
+        loop {
+            self.observe();
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(5)));
+        }
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.ready_at.is_none() {
+            assert!(Instant::now() < deadline, "{}", self.watcher.logs());
+            self.pause(Duration::from_millis(5));
+        }
+    }
+
+    /// A work marker (`saving`, `pushing`) this watcher created: its predecessor's, left by a
+    /// kill, is older than this spawn (each `begin` rewrites it, which sets its mtime).
+    fn marker(&self, work: &str) -> bool {
+        fs::metadata(self.state_dir().join(work))
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at >= self.spawned)
+    }
+
+    /// Spins until this watcher's `work` marker appears (at most 5 s); whether it did.
+    fn catch(&mut self, work: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.marker(work) {
+                return true;
+            }
+            self.observe();
+        }
+        false
+    }
+
+    /// What the frozen watcher was doing.
+    fn phases(&mut self) -> Vec<Phase> {
+        self.observe();
+        let git = self.project.git_dir();
+        let mut phases = Vec::new();
+        if self.marker("saving") {
+            phases.push(if git.join("index.lock").exists() {
+                Phase::IndexWrite
+            } else if git.join("HEAD.lock").exists() || git.join("refs/heads/main.lock").exists() {
+                Phase::Commit
+            } else {
+                Phase::Stage
+            });
+        }
+        if self.marker("pushing") {
+            phases.push(Phase::Push);
+        }
+        if self.ready_at.is_none() {
+            phases.insert(0, Phase::StartUp);
+        } else if phases.is_empty() {
+            phases.push(match self.project.status().map(|s| s.state) {
+                Some(State::Pending) => Phase::Debounce,
+                Some(State::Committing) => Phase::Stage,
+                Some(State::Pushing) => Phase::Push,
+                Some(State::Backoff) => Phase::Backoff,
+                _ => Phase::Idle,
+            });
+        }
+        phases
     }
 }
 
 #[test]
-fn kill_9_at_random_moments_loses_no_edit() {
+fn kill_9_at_every_phase_loses_no_edit_older_than_a_save_and_a_push() {
     let rounds = knob("RELIABILITY_ROUNDS", 12);
-    let mut rng = Rng::from_env("kill_9_at_random_moments_loses_no_edit");
+    let push = Duration::from_millis(knob("RELIABILITY_PUSH_MS", 2000));
+    let promise = DEBOUNCE + MAX_DELAY + push;
+    let mut rng = Rng::from_env("kill_9_at_every_phase_loses_no_edit_older_than_a_save_and_a_push");
     let tmp = tempfile::tempdir().unwrap();
     let project = Project::served(tmp.path());
     fs::write(project.path(".gitignore"), "*.tmp~\nnode_modules/\n").unwrap();
@@ -68,58 +222,131 @@ fn kill_9_at_random_moments_loses_no_edit() {
         expected: BTreeMap::new(),
         made: 0,
     };
-    let args = ["--debounce", "30ms", "--max-delay", "300ms"];
     let started = Instant::now();
-    let mut kills_while_running = 0;
-    for _ in 0..rounds {
-        let watcher = project.spawn(&args, &[]);
-        match rng.below(5) {
-            // Killed while starting: the full pass, the first commit, the first push.
-            0 => std::thread::sleep(rng.millis(150)),
-            _ => {
+    let mut phases: BTreeMap<Phase, u64> = BTreeMap::new();
+    let (mut checked, mut kills_checked) = (0u64, 0u64);
+    for round in 0..rounds {
+        let aim =
+            [Aim::StartUp, Aim::Random, Aim::Save, Aim::Push, Aim::Calm][(round % 5) as usize];
+        let spawned = SystemTime::now();
+        let mut life = Life {
+            project: &project,
+            watcher: project.spawn(&ARGS, &[]),
+            spawned,
+            ready_at: None,
+        };
+        match aim {
+            Aim::StartUp => life.pause(rng.millis(150)),
+            Aim::Random => {
                 for _ in 0..=rng.below(6) {
                     edits.edit(&project, &mut rng);
-                    std::thread::sleep(rng.millis(80));
+                    life.pause(rng.millis(80));
                 }
-                // Somewhere in debounce, stage, commit, index write or push.
-                std::thread::sleep(rng.millis(400));
-                kills_while_running += 1;
+                life.pause(rng.millis(400));
+            }
+            Aim::Save => {
+                life.wait_ready();
+                edits.burst(&project);
+                if life.catch("saving") {
+                    life.pause(rng.millis(30));
+                }
+            }
+            Aim::Push => {
+                life.wait_ready();
+                edits.edit(&project, &mut rng);
+                if life.catch("pushing") {
+                    life.pause(rng.millis(60));
+                }
+            }
+            Aim::Calm => {
+                life.wait_ready();
+                for _ in 0..=rng.below(3) {
+                    edits.edit(&project, &mut rng);
+                    life.pause(rng.millis(80));
+                }
+                life.pause(promise + rng.millis(500));
             }
         }
-        watcher.kill9();
+        life.watcher.freeze();
+        let hit = life.phases();
+        for phase in &hit {
+            *phases.entry(*phase).or_default() += 1;
+        }
+        // The promise at this frozen moment.
+        let now = Instant::now();
+        let mut late = Vec::new();
+        let mut checked_here = 0;
+        if let Some(ready) = life.ready_at {
+            for (rel, (body, at)) in &edits.expected {
+                let age = now - (*at).max(ready);
+                if age <= promise {
+                    continue;
+                }
+                checked_here += 1;
+                if project.remote_file(rel).as_deref() != body.as_deref().map(str::as_bytes) {
+                    late.push(format!("{rel} ({} ms old)", age.as_millis()));
+                }
+            }
+        }
+        assert!(
+            late.is_empty(),
+            "round {round} ({aim:?}), kill hit {hit:?}: edits older than {} ms not on the remote: {late:?}\n{}",
+            promise.as_millis(),
+            life.watcher.logs()
+        );
+        checked += checked_here;
+        kills_checked += u64::from(checked_here > 0);
+        life.watcher.kill9();
         // Edits made while no watcher runs are saved by the next one's full pass.
         if rng.below(3) == 0 {
             edits.edit(&project, &mut rng);
         }
     }
 
-    // A stale index.lock from a kill mid-write is removed after 60 s, so allow for that.
-    let watcher = project.start(&args, &[]);
+    let watcher = project.start(&ARGS, &[]);
     project.wait_pushed(Duration::from_secs(180));
     let lost: Vec<&String> = edits
         .expected
         .iter()
-        .filter(|(rel, body)| {
+        .filter(|(rel, (body, _))| {
             project.remote_file(rel).as_deref() != body.as_deref().map(str::as_bytes)
         })
         .map(|(rel, _)| rel)
         .collect();
+    let hits: Vec<String> = phases.iter().map(|(p, n)| format!("{p:?}:{n}")).collect();
     report(
         "crash",
         &format!(
-            "rounds={rounds} kills={rounds} kills_mid_work={kills_while_running} edits={} lost={} seconds={}",
+            "rounds={rounds} kills={rounds} phases={} checked_at_kills={checked} kills_checked={kills_checked} edits={} lost={} seconds={}",
+            hits.join(","),
             edits.made,
             lost.len(),
             started.elapsed().as_secs()
         ),
     );
     assert!(lost.is_empty(), "edits missing from the remote: {lost:?}");
+    if rounds >= 5 {
+        // Every fifth round is calm: the promise must have been checked, and kills must have
+        // landed inside a save and inside a push, or this test proved less than it says.
+        assert!(
+            kills_checked > 0,
+            "no kill came late enough to check the promise"
+        );
+        let inside_save = [Phase::Stage, Phase::IndexWrite, Phase::Commit]
+            .iter()
+            .any(|p| phases.contains_key(p));
+        assert!(inside_save, "no kill landed inside a save: {hits:?}");
+        assert!(
+            phases.contains_key(&Phase::Push),
+            "no kill landed inside a push: {hits:?}"
+        );
+    }
     project.assert_fsck_clean();
     let (exit, logs) = watcher.stop();
     assert_eq!(exit.code(), Some(0), "{logs}");
 
     // No lock or leftover blocks the next watcher: it starts, commits and pushes.
-    let watcher = project.start(&args, &[]);
+    let watcher = project.start(&ARGS, &[]);
     project.write("after-the-storm.txt", "calm\n");
     project.wait_pushed(PATIENCE);
     assert_eq!(
