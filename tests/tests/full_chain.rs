@@ -90,7 +90,7 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
             signer: signer.clone(),
             webhook_secret: None,
             on_external_push: Some(format!(
-                "echo \"$SHMASTRA_USER $SHMASTRA_REF\" >> '{}'",
+                "echo \"$SHMASTRA_USER $SHMASTRA_REF $SHMASTRA_NEW_OID\" >> '{}'",
                 events.display()
             )),
             limits: ProxyLimits::default(),
@@ -137,7 +137,6 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
         upstream_has(&upstream, "index.ts").then_some(())
     })
     .await;
-    assert!(!events.exists(), "the watcher's own push is not external");
 
     // A developer pushes from a laptop clone with the project token.
     let token = signer.mint(&alice);
@@ -151,11 +150,20 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
     fs::write(laptop.join("index.ts"), "from the laptop\n").unwrap();
     git(&laptop, ["commit", "-qam", "laptop change"]);
     git(&laptop, ["push", "-q", "origin", "main"]);
+    let laptop_head = git(&laptop, ["rev-parse", "HEAD"]).trim().to_owned();
+    let laptop_event = format!("alice refs/heads/main {laptop_head}\n");
+    // The laptop's event is the sentinel: the commands run in arrival order, so by the time
+    // it ran, one for the watcher's own earlier push would have run too.
     let event = until_async(PATIENCE, "the external-push command", || async {
-        fs::read_to_string(&events).ok()
+        fs::read_to_string(&events)
+            .ok()
+            .filter(|e| e.contains(&laptop_head))
     })
     .await;
-    assert_eq!(event, "alice refs/heads/main\n");
+    assert_eq!(
+        event, laptop_event,
+        "the watcher's own push is not external"
+    );
 
     // The cloud answers the event with a sync.
     let statuses = Statuses::default();
@@ -183,9 +191,23 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
         git(&upstream, ["show", "main:index.ts"]),
         "from the laptop\n"
     );
+    // Sentinel: a laptop push to another branch; once its command ran, one for the watcher's
+    // push above would have run too.
+    git(
+        &laptop,
+        ["push", "-q", "origin", "HEAD:refs/heads/sentinel"],
+    );
+    let sentinel_event = format!("alice refs/heads/sentinel {laptop_head}\n");
+    let all = until_async(PATIENCE, "the sentinel's external-push command", || async {
+        fs::read_to_string(&events)
+            .ok()
+            .filter(|e| e.contains("refs/heads/sentinel"))
+    })
+    .await;
     assert_eq!(
-        fs::read_to_string(&events).unwrap(),
-        "alice refs/heads/main\n"
+        all,
+        format!("{laptop_event}{sentinel_event}"),
+        "the watcher's push after the sync is not external"
     );
 
     orchestrator

@@ -229,6 +229,13 @@ fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
     let pid = wait_online(&pm2, 0, pid);
     wait_ready(&project, pid);
     fs::write(project.join("pending.ts"), "saved at shutdown\n").unwrap();
+    // Seen and still pending: only the shutdown path can save and push it now.
+    until(PATIENCE, "the edit to be pending", || {
+        project_watcher::status::read(&project.join(".git"))
+            .ok()
+            .filter(|s| s.pid == pid && s.state == project_watcher::status::State::Pending)
+    });
+    assert!(!remote_has(&remote, "pending.ts"), "pushed before the stop");
     pm2.ok(&["stop", "project-watcher"], &[]);
     assert!(
         !alive(pid),

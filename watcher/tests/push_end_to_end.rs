@@ -79,13 +79,18 @@ impl Sandbox {
 
     /// Starts the watcher with short debounce times, logging JSON at debug level to a file.
     fn watch(&self, token: Option<&str>) -> Watcher {
+        self.watch_with(token, &["--debounce", "150ms", "--max-delay", "2s"])
+    }
+
+    /// [`Self::watch`] with other debounce times.
+    fn watch_with(&self, token: Option<&str>, debounce: &[&str]) -> Watcher {
         let home = self.tmp.path().join("home");
         fs::create_dir_all(&home).unwrap();
         let log = self.tmp.path().join(format!("watcher-{}.log", now_nanos()));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_project-watcher"));
         cmd.args(["watch", "--dir"])
             .arg(&self.work)
-            .args(["--debounce", "150ms", "--max-delay", "2s"])
+            .args(debounce)
             .args(["--shutdown-timeout", "10s", "--log-format", "json"])
             .env_remove("PROJECT_TOKEN")
             .env("RUST_LOG", "debug")
@@ -418,11 +423,14 @@ fn someone_elses_push_sends_our_commits_to_a_recovery_branch_until_a_sync() {
 #[test]
 fn sigterm_commits_the_pending_edit_and_pushes_it_before_exiting() {
     let sb = Sandbox::new();
-    let watcher = sb.watch(None);
     sb.write("a.txt", "a\n");
+    let watcher = sb.watch_with(None, &["--debounce", "10m", "--max-delay", "20m"]);
     sb.wait_all_pushed();
-    // Well inside the debounce: only the shutdown path can save and push this.
     sb.write("late.txt", "written just before the stop\n");
+    // Seen and still pending, inside a 10-minute debounce: only the shutdown path can save
+    // and push it.
+    sb.wait_status("the edit pending", |s| s.state == State::Pending);
+    assert_eq!(git(&sb.work, ["ls-tree", "HEAD", "late.txt"]), "");
     let (exit, logs) = watcher.stop();
     assert_eq!(exit.code(), Some(0), "{logs}");
     assert_eq!(

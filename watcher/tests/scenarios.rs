@@ -297,16 +297,21 @@ fn a_reset_under_the_repo_lock_is_not_committed_again() {
     repo.write("a.txt", "two");
     repo.wait_saved();
     let commits = repo.commit_count();
+    let before = repo.git(&["rev-parse", "HEAD~1"]);
     {
         let _lock = project_watcher::lock::RepoLock::acquire(&repo.dir.join(".git")).unwrap();
         repo.git(&["reset", "-q", "--hard", "HEAD~1"]);
     }
-    repo.wait_saved();
-    assert_eq!(
-        repo.commit_count(),
-        commits - 1,
-        "the reset was committed back"
-    );
+    // A sentinel: once its save is in HEAD, the watcher has handled the reset's events too.
+    repo.write("sentinel.txt", "after the reset");
+    until(PATIENCE, "the sentinel saved", || {
+        repo.head_paths()
+            .contains(&"sentinel.txt".to_owned())
+            .then_some(())
+    });
+    assert_eq!(repo.commit_count(), commits, "the reset was committed back");
+    assert_eq!(repo.git(&["rev-parse", "HEAD~1"]), before);
+    assert_eq!(repo.git(&["show", "HEAD:a.txt"]), "one");
     assert_eq!(fs::read_to_string(repo.path("a.txt")).unwrap(), "one");
 }
 
