@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use project_watcher::status::State;
-use support::{PATIENCE, Project, Rng, Tmpfs, is_root, knob, report};
+use support::{PATIENCE, Project, Rng, Tmpfs, can_mount, knob, report};
 use testkit::git::git;
 use testkit::git_server::Fault;
 use testkit::wait::until;
@@ -107,10 +107,11 @@ fn network_faults_are_reported_cost_no_cpu_and_lose_nothing() {
     for round in 0..3 {
         assert!(project.remote_file(&format!("pack-{round}.bin")).is_some());
     }
+    let lost = project.unsaved_paths(&project.bare, "main", &[]);
     report(
         "network-faults",
         &format!(
-            "faults={faults_survived} outage_secs={} max_cpu_5s={max_cpu:.2} lost=0",
+            "faults={faults_survived} outage_secs={} max_cpu_5s={max_cpu:.2} lost={lost}",
             outage.as_secs()
         ),
     );
@@ -183,7 +184,11 @@ fn a_full_disk_is_reported_without_a_busy_loop_and_caught_up_when_freed() {
     assert_eq!(exit.code(), Some(0), "{logs}");
     assert!(logs.contains("No space left on device"), "{logs}");
     project.assert_fsck_clean();
-    report("disk-full", &format!("faults=1 cpu_5s={cpu:.2} lost=0"));
+    let lost = project.unsaved_paths(&project.bare, "main", &[]);
+    report(
+        "disk-full",
+        &format!("faults=1 cpu_5s={cpu:.2} lost={lost}"),
+    );
 }
 
 /// A read-only bind mount of `dir` onto itself, undone on drop.
@@ -215,8 +220,8 @@ impl Drop for ReadOnly {
 #[test]
 fn a_read_only_git_dir_is_reported_and_caught_up_when_writable_again() {
     let case = "a_read_only_git_dir_is_reported_and_caught_up_when_writable_again";
-    if !is_root() {
-        println!("SKIPPED {case}: needs root for read-only bind mounts (root ignores chmod)");
+    // Read-only bind mounts, because root ignores file modes.
+    if !can_mount(case) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -262,8 +267,12 @@ fn a_read_only_git_dir_is_reported_and_caught_up_when_writable_again() {
     let (exit, logs) = watcher.stop();
     assert_eq!(exit.code(), Some(0), "{logs}");
     project.assert_fsck_clean();
+    let lost = project.unsaved_paths(&project.bare, "main", &[]);
     report(
         "read-only-git",
-        &format!("faults=2 cpu_5s={:.2} lost=0", cpu_objects.max(cpu_git)),
+        &format!(
+            "faults=2 cpu_5s={:.2} lost={lost}",
+            cpu_objects.max(cpu_git)
+        ),
     );
 }

@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::{PATIENCE, Project, is_root, report};
+use support::{PATIENCE, Project, is_root, report, skip};
 use testkit::git::{git, init_repo};
 
 fn write_bytes_name(project: &Project, name: &[u8], body: &str) {
@@ -195,14 +195,6 @@ fn hostile_trees_are_saved_exactly_as_git_add_all_would() {
             },
             &[],
         ),
-        (
-            "files replaced by directories and back",
-            |p| {
-                p.write("was-a-file/now-inside.txt", "x\n");
-                p.write("dir-then-file", "x\n");
-            },
-            &[],
-        ),
     ];
     let started = Instant::now();
     let failures: Vec<String> = std::thread::scope(|scope| {
@@ -326,6 +318,51 @@ fn a_young_index_lock_of_unknown_origin_is_reported_and_waited_out() {
     assert_eq!(exit.code(), Some(0), "{logs}");
 }
 
+/// The type of `rel` in `HEAD` (`blob`, `tree`), `None` when absent.
+fn head_type(project: &Project, rel: &str) -> Option<String> {
+    let out = testkit::git::git_output(&project.work, ["cat-file", "-t", &format!("HEAD:{rel}")]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[test]
+fn files_replaced_by_directories_and_back_while_watched_are_saved_each_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project::local(tmp.path());
+    project.write("flip", "a file first\n");
+    project.write("flop/inside.txt", "a directory first\n");
+    let watcher = project.start(&["--no-push"], &[]);
+    project.wait_committed(&[], PATIENCE);
+    let mut replaced = 0;
+    for round in 0..3 {
+        // `flip` becomes a directory and `flop` a file, then the other way round.
+        let (to_dir, to_file) = if round % 2 == 0 {
+            ("flip", "flop")
+        } else {
+            ("flop", "flip")
+        };
+        fs::remove_file(project.path(to_dir)).unwrap();
+        project.write(&format!("{to_dir}/inside.txt"), format!("round {round}\n"));
+        fs::remove_dir_all(project.path(to_file)).unwrap();
+        project.write(to_file, format!("round {round}\n"));
+        replaced += 2;
+        project.wait_committed(&[], PATIENCE);
+        assert_eq!(head_type(&project, to_dir).as_deref(), Some("tree"));
+        assert_eq!(head_type(&project, to_file).as_deref(), Some("blob"));
+        assert_eq!(
+            git(
+                &project.work,
+                ["show", &format!("HEAD:{to_dir}/inside.txt")]
+            ),
+            format!("round {round}\n")
+        );
+    }
+    let (exit, logs) = watcher.stop();
+    assert_eq!(exit.code(), Some(0), "{logs}");
+    report("hostile-replaced", &format!("replacements={replaced}"));
+}
+
 #[test]
 fn files_churning_during_the_scan_end_up_exactly_as_left() {
     let tmp = tempfile::tempdir().unwrap();
@@ -375,7 +412,7 @@ fn files_churning_during_the_scan_end_up_exactly_as_left() {
 fn unreadable_files_and_directories_keep_their_last_saved_version() {
     let case = "unreadable_files_and_directories_keep_their_last_saved_version";
     if !is_root() {
-        println!("SKIPPED {case}: needs root to run the watcher as another user");
+        skip(case, "needs root to run the watcher as another user");
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

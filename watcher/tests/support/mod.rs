@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -281,6 +282,41 @@ impl Project {
         out.status.success().then_some(out.stdout)
     }
 
+    /// The paths where `rev` of the repository at `repo` differs from what `git add -A` would
+    /// commit now (minus `except`): the changes that did not get there. Measured, for the
+    /// figures the soak reports.
+    pub fn unsaved_paths(&self, repo: &Path, rev: &str, except: &[&str]) -> usize {
+        let expected = self.expected_tree(except);
+        let args = match tree_of(repo, rev) {
+            Some(actual) => vec!["diff-tree", "-r", "-z", "--name-only", &expected, &actual]
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>(),
+            None => ["ls-tree", "-r", "-z", "--name-only", &expected]
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        };
+        git(&self.work, &args)
+            .split('\0')
+            .filter(|p| !p.is_empty())
+            .count()
+    }
+
+    /// Directories of the working tree (the top included, `.git` not): what the watcher
+    /// watches when nothing is ignored.
+    pub fn directories(&self) -> usize {
+        fn walk(dir: &Path) -> usize {
+            1 + fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name() != ".git" && e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| walk(&e.path()))
+                .sum::<usize>()
+        }
+        walk(&self.work)
+    }
+
     /// `git fsck --strict` in the working repository and the remote both pass.
     pub fn assert_fsck_clean(&self) {
         for dir in [&self.work, &self.bare] {
@@ -321,6 +357,29 @@ impl Watcher {
     pub fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGSTOP, returning once every thread of the watcher is stopped: what it was doing at
+    /// that moment can then be read from its files before a [`Self::kill9`] ends it there.
+    pub fn freeze(&self) {
+        let pid = self.child.id();
+        let sent = Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "SIGSTOP {pid}");
+        until(PATIENCE, "every thread of the watcher to stop", || {
+            let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+            tasks
+                .flatten()
+                .all(|task| {
+                    fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                        let after = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+                        after.starts_with('T') || after.starts_with('t')
+                    })
+                })
+                .then_some(())
+        });
     }
 
     /// SIGTERM, then the exit status and the logs.
@@ -385,7 +444,7 @@ pub fn now_nanos() -> u128 {
         .as_nanos()
 }
 
-/// Running as root (mounts, sysctls); tests that need it print SKIPPED otherwise.
+/// Running as root (mounts, sysctls, other users).
 pub fn is_root() -> bool {
     fs::read_to_string("/proc/self/status")
         .ok()
@@ -397,25 +456,81 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// A tmpfs of `size` mounted at `at`, unmounted on drop; `None` (with SKIPPED printed) when
-/// this process may not mount.
+/// A case that cannot run on this machine. With `REQUIRE_PRIVILEGED=1` (`.ci/run` sets it)
+/// that is a failure. Elsewhere the line goes straight to the terminal, past the test
+/// harness's capture of a passing test's output, and into the list `cargo xtask ci` prints
+/// at the end.
+pub fn skip(case: &str, why: &str) {
+    if std::env::var("REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+        panic!("{case} did not run ({why}), and REQUIRE_PRIVILEGED=1 requires it");
+    }
+    let line = format!("SKIPPED {case}: {why}");
+    let _ = writeln!(std::io::stderr(), "{line}");
+    println!("{line}");
+    if let Ok(mut list) = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(skipped_list())
+    {
+        let _ = writeln!(list, "{line}");
+    }
+}
+
+/// Where [`skip`] lists the skipped cases of a test run (`cargo xtask ci` clears and prints it).
+pub fn skipped_list() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped-tests.txt")
+}
+
+/// Whether this process may mount file systems: root, and a test mount of a tmpfs works (a
+/// container's root often may not). When not, the case is skipped (see [`skip`]).
+pub fn can_mount(case: &str) -> bool {
+    if !is_root() {
+        skip(case, "needs root to mount file systems");
+        return false;
+    }
+    let probe = tempfile::tempdir().unwrap();
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(probe.path())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => {
+            let _ = Command::new("umount").arg(probe.path()).status();
+            true
+        }
+        Ok(out) => {
+            let why = format!(
+                "root, but mount fails: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            skip(case, &why);
+            false
+        }
+        Err(e) => {
+            skip(case, &format!("cannot run mount: {e}"));
+            false
+        }
+    }
+}
+
+/// A tmpfs of `size` mounted at `at`, unmounted on drop; `None` (the case skipped, see
+/// [`skip`]) when this process may not mount.
 pub struct Tmpfs {
     pub at: PathBuf,
 }
 
 impl Tmpfs {
     pub fn mount(at: &Path, size: &str, case: &str) -> Option<Self> {
-        fs::create_dir_all(at).unwrap();
-        let ok = is_root()
-            && Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(at)
-                .status()
-                .is_ok_and(|s| s.success());
-        if !ok {
-            println!("SKIPPED {case}: needs root to mount a tmpfs");
+        if !can_mount(case) {
             return None;
         }
+        fs::create_dir_all(at).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount a tmpfs at {}", at.display());
         Some(Self { at: at.to_owned() })
     }
 }
