@@ -12,6 +12,13 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 
+/// The cloud process's own secrets, removed from what a [`LocalSandbox`] command inherits.
+pub const SERVER_SECRET_VARS: [&str; 3] = [
+    crate::token::TOKEN_SECRET_ENV,
+    crate::config::SERVICE_TOKEN_ENV,
+    crate::webhook::WEBHOOK_SECRET_ENV,
+];
+
 /// One command: a shell command line (`sh -c`), its environment, working directory and limit.
 /// `Debug` shows the names of the variables, never their values (`PROJECT_TOKEN` is one).
 #[derive(Clone)]
@@ -158,6 +165,11 @@ impl Sandbox for LocalSandbox {
 
     async fn exec(&self, exec: &Exec) -> Result<ExecOutput, SandboxError> {
         let mut command = tokio::process::Command::new("sh");
+        // The sandbox's commands (the watcher's sync and the dev server it starts) are the
+        // user's: this process's secrets must not reach them through the inherited environment.
+        for var in SERVER_SECRET_VARS {
+            command.env_remove(var);
+        }
         command
             .arg("-c")
             .arg(&exec.command)
