@@ -334,6 +334,17 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// One push of `head` to `dst` (a full ref name), without retries or force: `sync` sends its
+/// backups this way. The error is a message for people (no token, no URL credentials).
+pub fn push_once(settings: &RemoteSettings, head: Oid, dst: &str) -> Result<(), String> {
+    crate::transport::init(crate::transport::DEFAULT_NETWORK_TIMEOUT);
+    GitRemote {
+        settings: settings.clone(),
+    }
+    .push(head, dst)
+    .map_err(|f| f.message)
+}
+
 /// `refs/heads/recovery/20261129T231500Z`: a valid ref name (no `:`), sortable by time.
 pub fn recovery_ref_name(at: SystemTime) -> String {
     let stamp: String = humantime::format_rfc3339_seconds(at)
