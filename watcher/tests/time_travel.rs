@@ -504,4 +504,17 @@ fn history_of_100k_commits_reads_only_what_it_shows() {
         took < Duration::from_secs(2),
         "history --limit 20 took {took:?} on {COMMITS} commits"
     );
+
+    // 100k ids share 4-character prefixes: such a prefix is ambiguous, one line, exit 2.
+    let mut by_prefix = std::collections::HashMap::new();
+    let ids = git(&p.work, ["rev-list", "HEAD"]);
+    let shared = ids
+        .lines()
+        .find_map(|id| by_prefix.insert(&id[..4], id).map(|_| &id[..4]))
+        .expect("two ids with the same first 4 characters");
+    let out = run(&p, &["show", shared]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is ambiguous"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
