@@ -2,7 +2,7 @@
 //! `Config` and hands over to the library. Exit codes: 0 ok, 1 runtime failure, 2 usage or
 //! configuration error, 3 another watcher holds the lock.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -87,6 +87,10 @@ struct RestoreArgs {
     /// With --at: print the result as JSON.
     #[arg(long, requires = "at")]
     json: bool,
+    /// With --at: unsaved files larger than this are not saved first (as `watch` leaves
+    /// them out); they stay on disk.
+    #[arg(long, requires = "at", default_value = "50MiB", value_parser = config::parse_size)]
+    max_file_size: u64,
 }
 
 #[derive(Args)]
@@ -197,8 +201,8 @@ fn main() -> ExitCode {
             with_config(args, |config| runtime()?.block_on(daemon::once(config)))
         }
         Command::Status(args) => status(args),
-        Command::Restore(args) => match args.at {
-            Some(at) => restore_at_command(&args.project.dir, &at, &args.paths, args.json),
+        Command::Restore(args) => match &args.at {
+            Some(at) => restore_at_command(&args, at),
             None => restore_command(args.project),
         },
         Command::History(args) => history_command(args),
@@ -225,9 +229,16 @@ fn restore_command(args: RemoteArgs) -> ExitCode {
     }
 }
 
-fn restore_at_command(dir: &Path, at: &str, paths: &[PathBuf], json: bool) -> ExitCode {
-    match restore_at::restore_at(dir, at, paths, SystemTime::now()) {
-        Ok(done) if json => print_json(&done),
+fn restore_at_command(args: &RestoreArgs, at: &str) -> ExitCode {
+    let done = restore_at::restore_at(
+        &args.project.dir,
+        at,
+        &args.paths,
+        args.max_file_size,
+        SystemTime::now(),
+    );
+    match done {
+        Ok(done) if args.json => print_json(&done),
         Ok(done) => {
             if let Some(saved) = done.saved_first {
                 println!("saved unsaved edits first as {}", short(saved));

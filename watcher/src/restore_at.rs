@@ -73,11 +73,14 @@ impl RestoreAtError {
     }
 }
 
-/// Restores `workdir` (or `paths` in it) to the save `rev` names. See the module docs.
+/// Restores `workdir` (or `paths` in it) to the save `rev` names. See the module docs. Files
+/// over `max_file_size` are left out of the save of unsaved work, as the watcher leaves them
+/// out; they stay on disk untouched.
 pub fn restore_at(
     workdir: &Path,
     rev: &str,
     paths: &[PathBuf],
+    max_file_size: u64,
     now: SystemTime,
 ) -> Result<RestoredAt, RestoreAtError> {
     let repo = Repository::open(workdir).map_err(|source| RestoreAtError::NotARepository {
@@ -111,7 +114,7 @@ pub fn restore_at(
         }
     }
 
-    let saved_first = save_unsaved_work(&repo).map_err(git)?;
+    let saved_first = save_unsaved_work(&repo, workdir, max_file_size).map_err(git)?;
     let head = repo.head().and_then(|h| h.peel_to_commit()).map_err(git)?;
     let target = if paths.is_empty() {
         from_tree.id()
@@ -192,13 +195,24 @@ fn checked_path(path: &Path) -> Result<String, RestoreAtError> {
     Ok(text)
 }
 
-/// Commits what `git add -A` would stage when it differs from `HEAD`, as an autosave, and
-/// leaves the index equal to `HEAD`.
-fn save_unsaved_work(repo: &Repository) -> Result<Option<Oid>, git2::Error> {
+/// Commits what `git add -A` would stage (minus files over `max_file_size`) when it differs
+/// from `HEAD`, as an autosave, and leaves the index equal to `HEAD`.
+fn save_unsaved_work(
+    repo: &Repository,
+    workdir: &Path,
+    max_file_size: u64,
+) -> Result<Option<Oid>, git2::Error> {
+    // 0: stage it; 1: leave it as the index has it.
+    let mut within_limit = |path: &Path, _: &[u8]| -> i32 {
+        match std::fs::symlink_metadata(workdir.join(path)) {
+            Ok(meta) if meta.is_file() && meta.len() > max_file_size => 1,
+            _ => 0,
+        }
+    };
     let mut index = repo.index()?;
     index.read(true)?;
-    index.add_all(["*"], IndexAddOption::DEFAULT, None)?;
-    index.update_all(["*"], None)?;
+    index.add_all(["*"], IndexAddOption::DEFAULT, Some(&mut within_limit))?;
+    index.update_all(["*"], Some(&mut within_limit))?;
     let tree = index.write_tree()?;
     let saved = commit::commit_tree(repo, tree)?;
     index.write()?;

@@ -271,8 +271,20 @@ fn unsaved_edits_are_saved_before_going_back() {
     let saved = head(&p.work);
     p.write("a.txt", "unsaved\n");
     p.write("new.txt", "new and unsaved\n");
+    let big = vec![7u8; 2048];
+    p.write("big.bin", &big);
 
-    let out = ok(run(&p, &["restore", "--at", &saved, "--json"]));
+    let out = ok(run(
+        &p,
+        &[
+            "restore",
+            "--at",
+            &saved,
+            "--json",
+            "--max-file-size",
+            "1KiB",
+        ],
+    ));
     let report: Value = serde_json::from_str(&out).unwrap();
     let saved_first = report["saved_first"]
         .as_str()
@@ -290,7 +302,13 @@ fn unsaved_edits_are_saved_before_going_back() {
     );
     assert_eq!(fs::read_to_string(p.path("a.txt")).unwrap(), "saved\n");
     assert!(!p.path("new.txt").exists());
-    assert_eq!(p.expected_tree(&[]), tree(&p.work, &saved));
+    // Over the size limit: never committed, and left on disk as it was.
+    assert_eq!(
+        git(&p.work, ["log", "--all", "--format=%H", "--", "big.bin"]),
+        ""
+    );
+    assert_eq!(fs::read(p.path("big.bin")).unwrap(), big);
+    assert_eq!(p.expected_tree(&["big.bin"]), tree(&p.work, &saved));
     let kinds: Vec<Value> = history(&p, &[]).iter().map(|s| s["kind"].clone()).collect();
     assert_eq!(kinds, ["restore", "autosave", "autosave"]);
 }
