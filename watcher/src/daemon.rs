@@ -122,20 +122,35 @@ struct Saved {
 
 type SaveJob = (Changes, oneshot::Sender<Result<Saved, DaemonError>>);
 
-/// Whether the repository is being deleted under us: its `HEAD` or the watcher's own folder
-/// (made at start and never removed by the watcher, `restore` or `sync`) has gone. Writing
-/// anything then would recreate folders inside a tree `rm -rf` is deleting, and make it fail.
+/// Whether the repository is being deleted under us: a part git needs to call it one (`HEAD`,
+/// `objects/`, `refs/`) or the watcher's own folder (made at start, never removed by the
+/// watcher, `restore` or `sync`) has gone. Writing anything then would recreate folders inside
+/// a tree `rm -rf` is deleting, and make it fail.
 fn repository_gone(git_dir: &Path) -> bool {
-    !git_dir.join("HEAD").exists() || !lock::state_dir(git_dir).is_dir()
+    !git_dir.join("HEAD").exists()
+        || !git_dir.join("config").exists()
+        || !git_dir.join("objects").is_dir()
+        || !git_dir.join("refs").is_dir()
+        || !lock::state_dir(git_dir).is_dir()
 }
 
 impl Saver {
+    /// One save; a failure caused by the repository vanishing mid-save is [`DaemonError::Gone`].
     fn save(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
-        if repository_gone(&self.git_dir) {
-            return Err(DaemonError::Gone {
-                git_dir: self.git_dir.clone(),
-            });
+        let git_dir = self.git_dir.clone();
+        let gone = || DaemonError::Gone {
+            git_dir: git_dir.clone(),
+        };
+        if repository_gone(&git_dir) {
+            return Err(gone());
         }
+        match self.save_in_repository(changes) {
+            Err(_) if repository_gone(&git_dir) => Err(gone()),
+            result => result,
+        }
+    }
+
+    fn save_in_repository(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
         self.remove_stale_locks();
         let _marker =

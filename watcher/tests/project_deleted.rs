@@ -16,7 +16,9 @@ fn rm_rf_of_a_watched_project_succeeds_and_the_watcher_stops_once() {
     for i in 0..1500 {
         p.write(&format!("src/m{}/f{i}.ts", i % 15), format!("{i}\n"));
     }
-    let mut watcher = p.start(&[], &[]);
+    // A debounce longer than the `rm` takes: the first save comes after it, as with the 3 s
+    // default on a real project.
+    let mut watcher = p.start(&["--debounce", "2s", "--max-delay", "10s"], &[]);
     p.wait_pushed(PATIENCE);
 
     let rm = Command::new("rm").arg("-rf").arg(&p.work).output().unwrap();
