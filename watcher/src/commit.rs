@@ -8,6 +8,8 @@ use crate::status::VERSION;
 
 /// At most this many paths are listed in a commit message body.
 const LISTED_PATHS: usize = 20;
+/// At most this many paths are named in a subject line (when they fit on it).
+const LISTED_IN_SUBJECT: usize = 5;
 /// A subject line fits git's one-line views (`git log --oneline`, GitLab's commit list).
 const SUBJECT_WIDTH: usize = 72;
 
@@ -170,7 +172,7 @@ pub fn describe_paths(paths: &[String]) -> String {
         [only] => shorten_start(only, room),
         _ => {
             let listed = paths.join(", ");
-            if paths.len() <= 3 && listed.chars().count() <= room {
+            if paths.len() <= LISTED_IN_SUBJECT && listed.chars().count() <= room {
                 return listed;
             }
             match common_folder(paths) {
@@ -271,21 +273,26 @@ mod tests {
         );
         check(&["a.ts", "b.ts"], "autosave: a.ts, b.ts");
         check(&["a", "b", "c"], "autosave: a, b, c");
+        check(&["a", "b", "c", "d", "e"], "autosave: a, b, c, d, e");
         check(
-            &["src/a", "src/b", "src/c", "src/d"],
-            "autosave: 4 files in src",
+            &["src/a", "src/b", "src/c", "src/d", "src/e", "src/f"],
+            "autosave: 6 files in src",
         );
         check(
             &[
-                "src/tools/x/a",
-                "src/tools/b",
-                "src/tools/y/c",
-                "src/tools/d",
+                "src/tools/x/a.ts",
+                "src/tools/b.ts",
+                "src/tools/y/c.ts",
+                "src/tools/d.ts",
+                "src/tools/registry/of/every/tool/e.ts",
             ],
-            "autosave: 4 files in src/tools",
+            "autosave: 5 files in src/tools",
         );
-        check(&["a", "b", "c", "d"], "autosave: 4 files");
-        check(&["x/a", "y/b", "y/c", "y/d"], "autosave: 4 files");
+        check(&["a", "b", "c", "d", "e", "f"], "autosave: 6 files");
+        check(
+            &["x/a", "y/b", "y/c", "y/d", "y/e", "y/f"],
+            "autosave: 6 files",
+        );
         let long = format!("{}/weather.ts", "deep".repeat(30));
         let subject = message(std::slice::from_ref(&long))
             .lines()
