@@ -279,6 +279,56 @@ async fn embedded_history_reads_the_bare_repository() {
     assert_eq!(orchestrator.history(&carol, 20).await.unwrap(), []);
 }
 
+#[tokio::test]
+async fn a_syncs_backup_outlives_the_sandbox_in_the_cloud_history() {
+    let w = world();
+    let laptop = w.tmp.path().join("laptop");
+    git(
+        w.tmp.path(),
+        ["clone", "-q", w.remote.to_str().unwrap(), "laptop"],
+    );
+    init_repo(&laptop);
+    fs::write(laptop.join("a.txt"), "from the laptop\n").unwrap();
+    git(&laptop, ["commit", "-qam", "from the laptop"]);
+    git(&laptop, ["push", "-q", "origin", "main"]);
+    fs::write(w.project.join("b.txt"), "unsaved sandbox work\n").unwrap();
+    let failure = w.tmp.path().join("failure");
+    let out = w.watcher(&[
+        "sync",
+        "--install-cmd",
+        "true",
+        "--failure-file",
+        failure.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The sandbox is wiped: only the upstream is left.
+    fs::remove_dir_all(&w.project).unwrap();
+
+    let orchestrator = orchestrator(EmbeddedUpstream::new(w.repos()).unwrap());
+    let saves = orchestrator.history(&alice(), 50).await.unwrap();
+    let backup = saves
+        .iter()
+        .find(|s| s.kind == SaveKind::Backup)
+        .unwrap_or_else(|| panic!("{saves:#?}"));
+    assert!(
+        backup
+            .subject
+            .starts_with("backup: unsaved work before sync")
+    );
+    assert_eq!(
+        git(&w.remote, ["show", &format!("{}:b.txt", backup.commit)]),
+        "unsaved sandbox work\n"
+    );
+    assert!(
+        saves.iter().any(|s| s.subject == "from the laptop"),
+        "{saves:#?}"
+    );
+}
+
 #[derive(Default)]
 struct Statuses(Mutex<Vec<SandboxStatus>>);
 
