@@ -270,20 +270,14 @@ fn history_command(args: HistoryArgs) -> ExitCode {
     };
     match history::open(&args.dir).and_then(|repo| history::history(&repo, &query)) {
         Ok(entries) if args.json => print_json(&entries),
-        Ok(entries) => {
-            print!("{}", history::render(&entries));
-            ExitCode::SUCCESS
-        }
+        Ok(entries) => emit(&history::render(&entries)),
         Err(e) => fail(&e, e.is_usage()),
     }
 }
 
 fn show_command(args: ShowArgs) -> ExitCode {
     match history::open(&args.dir).and_then(|repo| history::show(&repo, &args.rev)) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
+        Ok(text) => emit(&text),
         Err(e) => fail(&e, e.is_usage()),
     }
 }
@@ -296,10 +290,18 @@ fn fail(e: &dyn std::fmt::Display, usage: bool) -> ExitCode {
 
 fn print_json(value: &impl serde::Serialize) -> ExitCode {
     match serde_json::to_string_pretty(value) {
-        Ok(json) => {
-            println!("{json}");
-            ExitCode::SUCCESS
-        }
+        Ok(json) => emit(&format!("{json}\n")),
+        Err(e) => fail(&e, false),
+    }
+}
+
+/// Writes `text` to stdout; a reader that went away (`history | head`) is not an error.
+fn emit(text: &str) -> ExitCode {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => fail(&e, false),
     }
 }
