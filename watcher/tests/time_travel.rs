@@ -517,10 +517,7 @@ fn history_of_100k_commits_reads_only_what_it_shows() {
     let started = std::time::Instant::now();
     let saves = history(&p, &["--limit", "20"]);
     let took = started.elapsed();
-    support::report(
-        "history_100k",
-        &format!("history --limit 20 of {COMMITS} commits: {took:?}"),
-    );
+    println!("history --limit 20 of {COMMITS} commits: {took:?}");
     assert_eq!(saves.len(), 20);
     assert_eq!(saves[0]["files"], serde_json::json!(["f99.txt"]));
     assert_eq!(saves[0]["pushed"], false);
