@@ -99,15 +99,7 @@ pub fn commit_tree(repo: &Repository, tree: Oid) -> Result<Option<Committed>, gi
     let mut opts = DiffOptions::new();
     opts.ignore_submodules(false);
     let diff = repo.diff_tree_to_tree(parent_tree.as_ref(), Some(&new_tree), Some(&mut opts))?;
-    let paths: Vec<String> = diff
-        .deltas()
-        .filter_map(|d| {
-            d.new_file()
-                .path_bytes()
-                .or(d.old_file().path_bytes())
-                .map(show_path)
-        })
-        .collect();
+    let paths = diff_paths(&diff);
     if paths.is_empty() {
         return Ok(None);
     }
@@ -226,9 +218,21 @@ fn one_line(text: &str, width: usize) -> String {
     format!("{head}...")
 }
 
+/// The paths a diff touches, each as one line of text ([`show_path`]).
+pub fn diff_paths(diff: &git2::Diff<'_>) -> Vec<String> {
+    diff.deltas()
+        .filter_map(|d| {
+            d.new_file()
+                .path_bytes()
+                .or(d.old_file().path_bytes())
+                .map(show_path)
+        })
+        .collect()
+}
+
 /// A path as one line of text: quoted like Rust strings when it holds control characters
 /// (a newline in a name must not break the message apart), lossy for invalid UTF-8.
-pub fn show_path(bytes: &[u8]) -> String {
+fn show_path(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     if text.chars().any(char::is_control) {
         format!("{text:?}")

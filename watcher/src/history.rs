@@ -17,7 +17,7 @@ use git2::{DiffFormat, DiffOptions, DiffStatsFormat, Oid, Repository};
 use serde::{Deserialize, Serialize};
 
 use crate::at::{self, RevError};
-use crate::commit::{KIND_TRAILER, Kind, SAVED_BY_TRAILER, show_path};
+use crate::commit::{KIND_TRAILER, Kind, SAVED_BY_TRAILER, diff_paths};
 use crate::lock::state_dir;
 use crate::status::timestamp;
 use crate::sync::BACKUP_REF_PREFIX;
@@ -219,16 +219,7 @@ fn changed_paths(
     commit: &git2::Commit<'_>,
     path: Option<&str>,
 ) -> Result<Vec<String>, git2::Error> {
-    let diff = diff_of(repo, commit, path)?;
-    Ok(diff
-        .deltas()
-        .filter_map(|d| {
-            d.new_file()
-                .path_bytes()
-                .or(d.old_file().path_bytes())
-                .map(show_path)
-        })
-        .collect())
+    Ok(diff_paths(&diff_of(repo, commit, path)?))
 }
 
 fn diff_of<'r>(

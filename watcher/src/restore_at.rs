@@ -257,16 +257,11 @@ fn changed(
     old: &git2::Tree<'_>,
     new: &git2::Tree<'_>,
 ) -> Result<Vec<String>, git2::Error> {
-    let diff = repo.diff_tree_to_tree(Some(old), Some(new), None)?;
-    Ok(diff
-        .deltas()
-        .filter_map(|d| {
-            d.new_file()
-                .path_bytes()
-                .or(d.old_file().path_bytes())
-                .map(commit::show_path)
-        })
-        .collect())
+    Ok(commit::diff_paths(&repo.diff_tree_to_tree(
+        Some(old),
+        Some(new),
+        None,
+    )?))
 }
 
 fn signature(repo: &Repository) -> Result<Signature<'static>, git2::Error> {

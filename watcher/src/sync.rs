@@ -266,16 +266,11 @@ fn changed_paths(
 ) -> Result<Vec<String>, git2::Error> {
     let old = head.map(|h| h.tree()).transpose()?;
     let new = repo.find_tree(tree)?;
-    let diff = repo.diff_tree_to_tree(old.as_ref(), Some(&new), None)?;
-    Ok(diff
-        .deltas()
-        .filter_map(|d| {
-            d.new_file()
-                .path_bytes()
-                .or(d.old_file().path_bytes())
-                .map(crate::commit::show_path)
-        })
-        .collect())
+    Ok(crate::commit::diff_paths(&repo.diff_tree_to_tree(
+        old.as_ref(),
+        Some(&new),
+        None,
+    )?))
 }
 
 fn empty_tree(repo: &Repository) -> Result<Oid, git2::Error> {
