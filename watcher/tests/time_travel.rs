@@ -81,10 +81,20 @@ fn three_saves(root: &Path) -> (Project, support::Watcher, [String; 3]) {
     let watcher = p.start(&[], &[]);
     p.wait_pushed(PATIENCE);
     let first = head(&p.work);
+    // Two seconds apart at least, so a duration ago can land between them (below).
+    next_second(SystemTime::now());
     next_second(SystemTime::now());
 
+    // Enough files that a restore takes a while, so the watcher sees its events mid-restore;
+    // made outside and moved in with one rename, so the second save is one commit.
+    let generated = root.join("generated");
+    fs::create_dir_all(&generated).unwrap();
+    for i in 0..300 {
+        fs::write(generated.join(format!("t{i}.ts")), format!("{i}\n")).unwrap();
+    }
     p.write("src/agents/weather.ts", "v2\n");
     p.write("src/tools/search.ts", "search\n");
+    fs::rename(&generated, p.path("src/tools/generated")).unwrap();
     fs::remove_file(p.path("notes.md")).unwrap();
     p.wait_pushed(PATIENCE);
     let second = head(&p.work);
@@ -227,8 +237,9 @@ fn restore_of_one_path_by_time_and_its_undo() {
     p.wait_pushed(PATIENCE);
     assert_eq!(tree(&p.bare, "main"), tree(&p.work, &third));
 
-    // A folder by a duration ago that reaches back before the second save's second.
-    let second_secs: u64 = git(&p.work, ["show", "-s", "--format=%ct", &second])
+    // A folder by a duration ago: as old as the first save, which is 2 s or more before the
+    // second, so a second ticking over before the binary reads the clock still lands between.
+    let first_secs: u64 = git(&p.work, ["show", "-s", "--format=%ct", &first])
         .trim()
         .parse()
         .unwrap();
@@ -236,13 +247,26 @@ fn restore_of_one_path_by_time_and_its_undo() {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let ago = format!("{}s", now - second_secs + 1);
+    let ago = format!("{}s", now - first_secs);
     let out = ok(run(
         &p,
         &["restore", "--at", &ago, "--path", "src/tools", "--json"],
     ));
     let report: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(report["from"], first.as_str(), "{report:#}");
+    let listed: Vec<String> = history(&p, &[])
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {} {} {}",
+                s["commit"], s["time"], s["kind"], s["subject"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        report["from"],
+        first.as_str(),
+        "{report:#}\n{ago} ago\nsaves: {listed:#?}\nfirst {first}\nsecond {second}"
+    );
     assert!(!p.path("src/tools/search.ts").exists());
     assert!(!p.path("src/tools").exists());
     assert_eq!(
