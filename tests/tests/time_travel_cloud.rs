@@ -370,6 +370,7 @@ async fn restore_to_runs_the_watchers_restore_in_the_sandbox_and_reports_it() {
     assert_eq!(done.from, first);
     assert_eq!(done.commit.as_deref(), Some(w.head().as_str()));
     assert_eq!(done.saved_first, None);
+    assert!(!done.watcher_running);
     assert_eq!(tree(&w.project, "HEAD"), tree(&w.project, &first));
     assert_eq!(git(&w.project, ["rev-parse", "HEAD~1"]).trim(), before);
     let mut files = done.files.clone();

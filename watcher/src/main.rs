@@ -256,6 +256,9 @@ fn restore_at_command(args: &RestoreArgs, at: &str) -> ExitCode {
                     done.from_time
                 ),
             }
+            if done.commit.is_some() && !done.watcher_running {
+                println!("no watcher is running here: `project-watcher once` pushes the new save");
+            }
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e, e.is_usage()),

@@ -18,7 +18,7 @@ use git2::{Index, IndexAddOption, Oid, Repository, Signature};
 use crate::at::{self, RevError};
 use crate::commit::{self, Kind};
 use crate::history::normalise_path;
-use crate::lock::{LockError, RepoLock};
+use crate::lock::{InstanceLock, LockError, RepoLock};
 use crate::restore::{RestoreError, exclude_env_files};
 use crate::status::timestamp;
 
@@ -42,6 +42,9 @@ pub struct RestoredAt {
     pub commit: Option<Oid>,
     /// The paths the restore changed.
     pub files: Vec<String>,
+    /// Whether a `watch` runs on the project: it pushes the new save. Without one the save
+    /// stays local until the next `watch` or `once`.
+    pub watcher_running: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +132,7 @@ pub fn restore_at(
             saved_first,
             commit: None,
             files: Vec::new(),
+            watcher_running: watcher_running(repo.path()),
         });
     }
     let target_tree = repo.find_tree(target).map_err(git)?;
@@ -176,7 +180,17 @@ pub fn restore_at(
         saved_first,
         commit: Some(commit),
         files,
+        watcher_running: watcher_running(repo.path()),
     })
+}
+
+/// Whether another process holds the watcher's instance lock. Taking it to find out is
+/// harmless: it is released at once.
+fn watcher_running(git_dir: &Path) -> bool {
+    matches!(
+        InstanceLock::try_acquire(git_dir),
+        Err(LockError::Held { .. })
+    )
 }
 
 /// A path relative to the project's top, without `.`/`..` components or a leading `/`.

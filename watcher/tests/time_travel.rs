@@ -202,6 +202,7 @@ fn restore_of_one_path_by_time_and_its_undo() {
     ));
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["from"], first.as_str(), "{report:#}");
+    assert_eq!(report["watcher_running"], true, "{report:#}");
     assert_eq!(
         report["files"],
         serde_json::json!(["src/agents/weather.ts"])
@@ -310,6 +311,7 @@ fn unsaved_edits_are_saved_before_going_back() {
         ],
     ));
     let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["watcher_running"], false, "{report:#}");
     let saved_first = report["saved_first"]
         .as_str()
         .expect("a save first")

@@ -155,6 +155,8 @@ pub struct RestoredTo {
     pub commit: Option<String>,
     /// The paths the restore changed.
     pub files: Vec<String>,
+    /// Whether the sandbox's watcher was running, and so pushes the new save.
+    pub watcher_running: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
