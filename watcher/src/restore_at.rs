@@ -107,8 +107,10 @@ pub fn restore_at(
     let from_tree = from_commit.tree().map_err(git)?;
     let head_tree = repo.head().and_then(|h| h.peel_to_tree()).map_err(git)?;
     for path in &paths {
+        let unsaved = std::fs::symlink_metadata(workdir.join(path)).is_ok();
         if from_tree.get_path(Path::new(path)).is_err()
             && head_tree.get_path(Path::new(path)).is_err()
+            && !unsaved
         {
             return Err(RestoreAtError::UnknownPath {
                 path: path.clone(),

@@ -335,8 +335,23 @@ fn unsaved_edits_are_saved_before_going_back() {
     );
     assert_eq!(fs::read(p.path("big.bin")).unwrap(), big);
     assert_eq!(p.expected_tree(&["big.bin"]), tree(&p.work, &saved));
+
     let kinds: Vec<Value> = history(&p, &[]).iter().map(|s| s["kind"].clone()).collect();
     assert_eq!(kinds, ["restore", "autosave", "autosave"]);
+
+    // A path only the unsaved edits had goes too (it is in the save made first).
+    p.write("scratch.txt", "unsaved scratch\n");
+    let out = ok(run(
+        &p,
+        &["restore", "--at", &saved, "--path", "scratch.txt", "--json"],
+    ));
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        report["files"],
+        serde_json::json!(["scratch.txt"]),
+        "{report:#}"
+    );
+    assert!(!p.path("scratch.txt").exists());
 }
 
 #[test]
