@@ -516,6 +516,49 @@ fn a_sync_pushes_its_backup_to_a_recovery_branch_that_history_lists_and_restore_
 }
 
 #[test]
+fn a_recovery_branch_of_a_diverged_watcher_is_listed_as_a_pushed_backup() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = Project::local(tmp.path());
+    p.write("app.ts", "v1\n");
+    let _watcher = p.start(&[], &[]);
+    p.wait_pushed(PATIENCE);
+    // Someone else moves the remote branch on; the watcher's next save cannot go there.
+    let laptop = tmp.path().join("laptop");
+    git(
+        tmp.path(),
+        ["clone", "-q", p.bare.to_str().unwrap(), "laptop"],
+    );
+    testkit::git::init_repo(&laptop);
+    fs::write(laptop.join("other.ts"), "elsewhere\n").unwrap();
+    git(&laptop, ["add", "-A"]);
+    git(&laptop, ["commit", "-qm", "elsewhere"]);
+    git(&laptop, ["push", "-q", "origin", "main"]);
+    p.write("app.ts", "v2 in the sandbox\n");
+    let status = p.wait_status(
+        "the watcher to divert to a recovery branch",
+        PATIENCE,
+        |s| s.recovery_ref.is_some(),
+    );
+    let recovery = status.recovery_ref.unwrap();
+    let head = head(&p.work);
+    assert_eq!(git(&p.bare, ["rev-parse", &recovery]).trim(), head);
+
+    let saves = history(&p, &[]);
+    let tip = saves
+        .iter()
+        .find(|s| s["commit"] == head.as_str())
+        .unwrap_or_else(|| panic!("{saves:#?}"));
+    assert_eq!(tip["kind"], "backup", "{tip:#}");
+    assert_eq!(tip["pushed"], true, "{tip:#}");
+    assert_eq!(
+        tip["ref"],
+        recovery
+            .replace("refs/heads/", "refs/remotes/project/")
+            .as_str()
+    );
+}
+
+#[test]
 fn history_of_100k_commits_reads_only_what_it_shows() {
     let tmp = tempfile::tempdir().unwrap();
     let p = Project::local(tmp.path());
