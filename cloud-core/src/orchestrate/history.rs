@@ -111,21 +111,13 @@ impl SaveHistory for EmbeddedUpstream {
             .output()
             .await
             .map_err(|e| failed(format!("cannot run git: {e}")))?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        // A repository without any branch yet lists nothing and succeeds.
         if !out.status.success() {
-            // A repository without any branch yet: nothing saved.
-            if text.trim().is_empty()
-                && !dir
-                    .join("refs/heads")
-                    .read_dir()
-                    .is_ok_and(|mut d| d.next().is_some())
-            {
-                return Ok(Vec::new());
-            }
             return Err(failed(
                 String::from_utf8_lossy(&out.stderr).trim().to_owned(),
             ));
         }
+        let text = String::from_utf8_lossy(&out.stdout);
         Ok(text
             .split('\x1e')
             .map(|record| record.trim_start_matches('\n'))
