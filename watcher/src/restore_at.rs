@@ -299,3 +299,26 @@ fn maybe_oid_text<S: serde::Serializer>(oid: &Option<Oid>, s: S) -> Result<S::Ok
 fn short(oid: Oid) -> String {
     oid.to_string()[..7].to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_must_stay_inside_the_project() {
+        let check = |input: &str, expected: Option<&str>| {
+            let got = checked_path(Path::new(input)).ok();
+            assert_eq!(got.as_deref(), expected, "{input}");
+        };
+        check("src/a.ts", Some("src/a.ts"));
+        check("./src/", Some("src"));
+        check("src", Some("src"));
+        check("/etc/passwd", None);
+        check("../outside", None);
+        check("src/../../x", None);
+        check("src//a.ts", None);
+        check(".git/config", None);
+        check("", None);
+        check(".", None);
+    }
+}
