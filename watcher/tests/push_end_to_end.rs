@@ -489,6 +489,17 @@ fn https_remotes_work_with_the_system_trust_settings() {
     init_repo(&work);
     git(&work, ["remote", "add", "project", &server.url("user.git")]);
     fs::write(work.join("a.txt"), "over TLS\n").unwrap();
+    // Incompressible and larger than any buffer on the way: the pack streams through TLS.
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    let big: Vec<u8> = (0..(3 << 20) / 8)
+        .flat_map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed.to_le_bytes()
+        })
+        .collect();
+    fs::write(work.join("big.bin"), &big).unwrap();
     let home = tmp.path().join("home");
     fs::create_dir_all(&home).unwrap();
     let once = |ca_file: Option<&str>| {
@@ -525,6 +536,10 @@ fn https_remotes_work_with_the_system_trust_settings() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(git(&bare, ["show", "main:a.txt"]), "over TLS\n");
+    assert_eq!(
+        git(&bare, ["rev-parse", "main:big.bin"]),
+        git(&work, ["hash-object", "big.bin"])
+    );
     let tag = format!("project-watcher/{}", env!("CARGO_PKG_VERSION"));
     assert!(
         server.requests().iter().all(|r| r
