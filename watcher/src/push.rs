@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use git2::{FetchOptions, Oid, PushOptions, Repository};
+use git2::{Oid, PushOptions, Repository};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -532,25 +532,19 @@ impl Remote for GitRemote {
     fn fetch_branch_tip(&self) -> Result<Oid, PushFailure> {
         let repo = self.open()?;
         let _marker = self.begin(&repo);
-        let mut remote = self.find_remote(&repo)?;
-        let url = remote.url().unwrap_or("").to_owned();
-        let tracking = self.tracking_ref();
-        let mut options = FetchOptions::new();
-        options.download_tags(git2::AutotagOption::None);
-        crate::transport::with_token(self.settings.token.as_deref(), || {
-            remote.fetch(
-                &[format!("+refs/heads/{}:{tracking}", self.settings.branch)],
-                Some(&mut options),
-                None,
-            )
-        })
-        .map_err(|e| self.network_failure(&url, &e))?;
-        repo.refname_to_id(&tracking).map_err(|e| PushFailure {
+        let url = self.find_remote(&repo)?.url().unwrap_or("").to_owned();
+        let tip = crate::restore::fetch_branch(&repo, &self.settings).map_err(|e| match e {
+            crate::restore::RestoreError::Fetch { source, .. } => {
+                self.network_failure(&url, &source)
+            }
+            other => PushFailure {
+                kind: FailureKind::Local,
+                message: other.to_string(),
+            },
+        })?;
+        tip.ok_or_else(|| PushFailure {
             kind: FailureKind::Local,
-            message: format!(
-                "the remote branch vanished after a rejected push: {}",
-                e.message()
-            ),
+            message: "the remote branch vanished after a rejected push".to_owned(),
         })
     }
 

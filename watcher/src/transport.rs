@@ -24,8 +24,10 @@ pub const DEFAULT_NETWORK_TIMEOUT: Duration = Duration::from_secs(30);
 pub const PACK_WINDOW_SIZE: usize = 4 << 20;
 
 /// The most pack-file bytes libgit2 keeps mapped (its default is 8 GiB on 64-bit): beyond
-/// this it unmaps the least recently used windows, so a daemon that once read a large pack
-/// does not keep it resident.
+/// this it unmaps the least recently used windows. An operation that reads a whole pack (a
+/// restore's checkout, a fetch's indexing) otherwise keeps every page of it resident until the
+/// repository is closed: restoring a 100k-file project (a 96 MB pack) peaked at 152 MiB RSS
+/// with libgit2's defaults and 87 MiB with these.
 pub const PACK_MAPPED_LIMIT: usize = 32 << 20;
 
 /// The product comment of the watcher's User-Agent, `git/2.0 (project-watcher/<version>)`.
