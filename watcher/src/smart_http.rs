@@ -192,7 +192,7 @@ enum State {
     /// A POST whose body is being written: a thread runs the request and reads the body from
     /// the channel.
     Sending {
-        body: SyncSender<Vec<u8>>,
+        body: SyncSender<Chunk>,
         request: JoinHandle<io::Result<ureq::Response>>,
     },
     Receiving(Box<dyn Read + Send + Sync>),
@@ -360,7 +360,7 @@ impl Write for Stream {
                 .inspect_err(|_| self.state = State::Failed)?;
         }
         let sent = match &self.state {
-            State::Sending { body, .. } => body.send(buf.to_vec()).is_ok(),
+            State::Sending { body, .. } => body.send(Some(buf.to_vec())).is_ok(),
             _ => {
                 return Err(io::Error::other("libgit2 wrote after reading the response"));
             }
@@ -393,14 +393,28 @@ fn join_request(request: JoinHandle<io::Result<ureq::Response>>) -> io::Result<u
         .map_err(|_| io::Error::other("the HTTP request thread panicked"))?
 }
 
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let State::Sending { body, .. } = &self.state {
+            // libgit2 gave up mid-body (it reads the response otherwise): the request must
+            // fail, not end like a complete one with a truncated pack. Bounded: the request
+            // thread drops the channel when its write times out.
+            let _ = body.send(None);
+        }
+    }
+}
+
+/// A piece of a request body, or `None`: the writer abandoned the body.
+type Chunk = Option<Vec<u8>>;
+
 /// The request body: what libgit2 writes, chunk by chunk, until the writer hangs up.
 struct ChannelReader {
-    chunks: Receiver<Vec<u8>>,
+    chunks: Receiver<Chunk>,
     current: io::Cursor<Vec<u8>>,
 }
 
 impl ChannelReader {
-    fn new(chunks: Receiver<Vec<u8>>) -> Self {
+    fn new(chunks: Receiver<Chunk>) -> Self {
         Self {
             chunks,
             current: io::Cursor::new(Vec::new()),
@@ -416,7 +430,13 @@ impl Read for ChannelReader {
                 return Ok(read);
             }
             match self.chunks.recv() {
-                Ok(chunk) => self.current = io::Cursor::new(chunk),
+                Ok(Some(chunk)) => self.current = io::Cursor::new(chunk),
+                Ok(None) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "the request body was abandoned",
+                    ));
+                }
                 Err(_) => return Ok(0),
             }
         }
@@ -655,16 +675,24 @@ mod tests {
     }
 
     #[test]
-    fn a_channel_body_reads_every_chunk_then_ends() {
+    fn a_channel_body_reads_every_chunk_then_ends_or_fails_when_abandoned() {
         let (tx, rx) = sync_channel(2);
         let writer = std::thread::spawn(move || {
             for chunk in [&b"0032"[..], b"", b"want", b" abc\n"] {
-                tx.send(chunk.to_vec()).unwrap();
+                tx.send(Some(chunk.to_vec())).unwrap();
             }
         });
         let mut body = Vec::new();
         ChannelReader::new(rx).read_to_end(&mut body).unwrap();
         writer.join().unwrap();
         assert_eq!(body, b"0032want abc\n");
+
+        let (tx, rx) = sync_channel(2);
+        tx.send(Some(b"PACK".to_vec())).unwrap();
+        tx.send(None).unwrap();
+        let mut body = Vec::new();
+        let err = ChannelReader::new(rx).read_to_end(&mut body).unwrap_err();
+        assert_eq!(body, b"PACK");
+        assert!(err.to_string().contains("abandoned"), "{err}");
     }
 }
