@@ -359,27 +359,22 @@ impl Write for Stream {
             self.start_rpc()
                 .inspect_err(|_| self.state = State::Failed)?;
         }
-        let sent = match &self.state {
-            State::Sending { body, .. } => body.send(Some(buf.to_vec())).is_ok(),
-            _ => {
-                return Err(io::Error::other("libgit2 wrote after reading the response"));
-            }
+        let State::Sending { body, .. } = &self.state else {
+            return Err(io::Error::other("libgit2 wrote after reading the response"));
         };
-        if !sent {
-            // The request ended before its body did: report why.
-            let State::Sending { request, .. } = std::mem::replace(&mut self.state, State::Failed)
-            else {
-                unreachable!("matched above")
-            };
-            return Err(match join_request(request) {
-                Ok(response) if response.status() != 200 => {
-                    status_error(response.status(), self.sent)
-                }
-                Ok(_) => io::Error::other("the server answered before the request body ended"),
-                Err(e) => e,
-            });
+        if body.send(Some(buf.to_vec())).is_ok() {
+            return Ok(buf.len());
         }
-        Ok(buf.len())
+        // The request ended before its body did: report why.
+        let State::Sending { request, .. } = std::mem::replace(&mut self.state, State::Failed)
+        else {
+            return Err(io::Error::other("libgit2 wrote after reading the response"));
+        };
+        Err(match join_request(request) {
+            Ok(response) if response.status() != 200 => status_error(response.status(), self.sent),
+            Ok(_) => io::Error::other("the server answered before the request body ended"),
+            Err(e) => e,
+        })
     }
 
     fn flush(&mut self) -> io::Result<()> {
