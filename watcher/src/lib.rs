@@ -20,6 +20,7 @@ pub mod restore;
 pub mod restore_at;
 pub mod retry;
 pub mod scan;
+mod smart_http;
 pub mod stage;
 pub mod status;
 pub mod sync;
