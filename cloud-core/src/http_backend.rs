@@ -42,11 +42,6 @@ impl Children {
         }
     }
 
-    /// How many children are running now.
-    pub fn running(&self) -> usize {
-        self.lock().len()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -342,9 +342,9 @@ fn work_tree(dir: &Path, url: &str) -> String {
     git(dir, ["rev-parse", "HEAD"]).trim().to_owned()
 }
 
-fn embedded(extra: &[&str]) -> (Serve, PathBuf) {
-    let up = tempfile::tempdir().expect("tempdir").keep();
-    let mut args = vec!["--upstream-dir", up.to_str().expect("utf-8")];
+fn embedded(extra: &[&str]) -> (Serve, tempfile::TempDir) {
+    let up = tempfile::tempdir().expect("tempdir");
+    let mut args = vec!["--upstream-dir", up.path().to_str().expect("utf-8")];
     args.extend_from_slice(extra);
     (Serve::start(&args, &[]), up)
 }
@@ -357,7 +357,8 @@ fn embedded(extra: &[&str]) -> (Serve, PathBuf) {
 /// child ends with its request, and a stopping server ends the rest.
 #[test]
 fn an_aborted_push_leaves_no_cgi_child_behind_and_stop_ends_the_rest() {
-    let (mut serve, up) = embedded(&["--idle-timeout", "2s"]);
+    let (mut serve, up_dir) = embedded(&["--idle-timeout", "2s"]);
+    let up = up_dir.path();
     let marker = format!("GIT_PROJECT_ROOT={}", up.display());
     let alice = token("alice", &[]);
     let body = format!("{ZERO} {} refs/heads/main\0report-status\n", "1".repeat(40));
@@ -618,7 +619,8 @@ fn requests_in_flight_are_capped_per_user_and_in_total() {
 /// bodies are refused before anything reaches the upstream.
 #[test]
 fn a_compressed_push_is_refused_and_stores_nothing() {
-    let (serve, up) = embedded(&["--max-request-bytes", "100000"]);
+    let (serve, up_dir) = embedded(&["--max-request-bytes", "100000"]);
+    let up = up_dir.path();
     let work = serve.tmp.path().join("work");
     let head = work_tree(&work, &serve.remote_url("alice"));
     // 1 MB of zeros: compresses to about 1 KB.
@@ -1005,7 +1007,8 @@ fn the_push_memory_is_per_user_and_holds_only_stored_pushes() {
 /// `ok`, and unambiguous, fire.
 #[test]
 fn a_command_reported_ng_fires_no_event() {
-    let (serve, up) = embedded(&[]);
+    let (serve, up_dir) = embedded(&[]);
+    let up = up_dir.path();
     let work = serve.tmp.path().join("work");
     let first = work_tree(&work, &serve.remote_url("alice"));
     std::fs::write(work.join("b.txt"), "b\n").expect("write");
@@ -1052,7 +1055,8 @@ fn history_is_protected_unless_the_operator_allows_rewriting_it() {
         } else {
             &[]
         };
-        let (serve, up) = embedded(extra);
+        let (serve, up_dir) = embedded(extra);
+        let up = up_dir.path();
         let bare = up.join("alice.git");
         let work = serve.tmp.path().join("work");
         let head = work_tree(&work, &serve.remote_url("alice"));

@@ -2,13 +2,14 @@
 //! server reached over the network with the service credentials (GitLab in production).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::TryStreamExt;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Response};
 use secrecy::{ExposeSecret, SecretString};
+use tokio::time::Instant;
 
 use super::route::Endpoint;
 use crate::UserId;
@@ -205,12 +206,6 @@ impl HttpUpstream {
             latch: CredentialLatch::new(CREDENTIAL_RETRY),
         })
     }
-
-    /// How long rejected credentials are left alone (default [`CREDENTIAL_RETRY`]).
-    pub fn with_credential_retry(mut self, retry_every: Duration) -> HttpUpstream {
-        self.latch = CredentialLatch::new(retry_every);
-        self
-    }
 }
 
 impl Upstream for HttpUpstream {
@@ -272,5 +267,32 @@ fn describe(e: reqwest::Error) -> UpstreamError {
         UpstreamError::Unreachable(text)
     } else {
         UpstreamError::Failed(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rejected_credentials_are_tried_once_per_retry_period() {
+        let latch = CredentialLatch::new(Duration::from_secs(900));
+        assert!(latch.admit().is_ok() && latch.state().is_ok());
+        latch.rejected();
+        for _ in 0..35 {
+            assert!(matches!(
+                latch.admit(),
+                Err(UpstreamError::CredentialsRejected { .. })
+            ));
+        }
+        assert!(latch.state().is_err());
+        tokio::time::advance(Duration::from_secs(899)).await;
+        assert!(latch.admit().is_err());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(latch.admit().is_ok(), "one request may try again");
+        assert!(latch.admit().is_err(), "and only one");
+        latch.accepted();
+        assert!(latch.admit().is_ok() && latch.admit().is_ok());
+        assert!(latch.state().is_ok());
     }
 }
