@@ -1271,10 +1271,11 @@ fn the_webhook_accepts_only_the_group_and_fires_once_per_delivery() {
 fn weak_secrets_are_refused_at_start() {
     let up = tempfile::tempdir().expect("tempdir");
     // A serve that starts is killed after the deadline: the test fails instead of hanging.
-    let run = |env: &[(&str, &str)]| {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
             .args(["serve", "--listen", "127.0.0.1:0", "--upstream-dir"])
             .arg(up.path())
+            .args(args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(env.iter().copied())
@@ -1312,7 +1313,7 @@ fn weak_secrets_are_refused_at_start() {
             "SHMASTRA_TOKEN_SECRET",
         ),
     ] {
-        let out = run(&env);
+        let out = run(&[], &env);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
         assert!(
@@ -1323,6 +1324,18 @@ fn weak_secrets_are_refused_at_start() {
             out.stdout.is_empty() || !String::from_utf8_lossy(&out.stdout).contains("listening")
         );
     }
+    // Asking to pass a server secret to the sync command is a usage error too.
+    let out = run(
+        &[
+            "--on-external-push",
+            "true",
+            "--sync-env",
+            "SHMASTRA_TOKEN_SECRET",
+        ],
+        &[("SHMASTRA_TOKEN_SECRET", SECRET)],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("never passed to the sync command"));
 }
 
 /// The embedded `git init`, `git http-backend` and the sync command inherited the server's

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use cloud_core::config::Config;
 use cloud_core::proxy::ProxyLimits;
-use cloud_core::serve::{ConnectionLimits, ServeConfig, UpstreamChoice, serve};
+use cloud_core::serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, serve};
 use cloud_core::token::TokenSigner;
 use cloud_core::webhook::{WEBHOOK_SECRET_ENV, webhook_secret};
 use serde_json::json;
@@ -126,7 +126,10 @@ pub async fn run(args: ServeArgs) -> Outcome {
     let announce = |addr: SocketAddr| println!("listening on {addr}");
     serve(config, announce, shutdown)
         .await
-        .map_err(Failure::runtime)?;
+        .map_err(|e| match e {
+            ServeError::SecretInSyncEnv(_) => Failure::config(e),
+            e => Failure::runtime(e),
+        })?;
     Ok(Success {
         text: "stopped".into(),
         json: json!({ "stopped": true }),
