@@ -506,3 +506,46 @@ fn too_large(limit: u64) -> Response {
 fn answer(status: StatusCode, message: &str) -> Response {
     (status, format!("{message}\n")).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(name: &str) -> UserId {
+        UserId::parse(name).expect("user id")
+    }
+
+    #[test]
+    fn requests_in_flight_are_capped_per_user_and_in_total_and_freed_on_drop() {
+        let in_flight = Arc::new(InFlight::new(3, 2));
+        let a1 = in_flight.admit(&user("alice")).expect("first");
+        let a2 = in_flight.admit(&user("alice")).expect("second");
+        assert_eq!(in_flight.admit(&user("alice")).err(), Some(Busy::User));
+        let b1 = in_flight.admit(&user("bob")).expect("bob");
+        assert_eq!(in_flight.admit(&user("carol")).err(), Some(Busy::Total));
+        drop(a1);
+        let c1 = in_flight.admit(&user("carol")).expect("a slot came back");
+        drop((a2, b1, c1));
+        let counts = in_flight.counts.lock().expect("counts");
+        assert_eq!(counts.0, 0);
+        assert!(counts.1.is_empty(), "idle users leave no entry");
+    }
+
+    #[test]
+    fn only_identity_is_an_uncompressed_body() {
+        let check = |values: &[&str], encoded: bool| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(header::CONTENT_ENCODING, HeaderValue::from_str(v).unwrap());
+            }
+            assert_eq!(is_encoded(&headers), encoded, "{values:?}");
+        };
+        check(&[], false);
+        check(&["identity"], false);
+        check(&[" Identity "], false);
+        check(&["gzip"], true);
+        check(&["identity", "gzip"], true);
+        check(&["x-gzip"], true);
+        check(&["deflate"], true);
+    }
+}
