@@ -439,6 +439,36 @@ fn an_aborted_push_leaves_no_cgi_child_behind_and_stop_ends_the_rest() {
     drop(in_flight);
 }
 
+/// Even a serve killed with SIGKILL (no chance to end its children) leaves no CGI child: with
+/// no declared length, http-backend and receive-pack see the closed pipe as the end of input.
+#[test]
+fn a_killed_serve_leaves_no_cgi_child() {
+    let (mut serve, up_dir) = embedded(&[]);
+    let marker = format!("GIT_PROJECT_ROOT={}", up_dir.path().display());
+    let alice = token("alice", &[]);
+    let body = format!("{ZERO} {} refs/heads/main\0report-status\n", "1".repeat(40));
+    let mut in_flight = serve.connect();
+    send_raw(
+        &mut in_flight,
+        &receive_pack_head("alice", &alice, 1_000_000, ""),
+        &pkt(&body),
+    );
+    wait::until(DEADLINE, "the in-flight push's child", || {
+        (!processes_with_env(&marker).is_empty()).then_some(())
+    });
+    serve.child.kill().expect("SIGKILL serve");
+    serve.child.wait().expect("reap serve");
+    wait::until_seen(
+        Duration::from_secs(10),
+        "no CGI child after serve was killed",
+        || {
+            let found = processes_with_env(&marker);
+            if found.is_empty() { Ok(()) } else { Err(found) }
+        },
+    );
+    drop(in_flight);
+}
+
 /// Slowloris: hundreds of sockets that never finish their headers. Past the connection limit
 /// new connections get a cheap 503; connections already open keep being served; idle and
 /// slow ones are closed after the header timeout, and `/healthz` answers again.
