@@ -10,7 +10,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use axum::Router;
