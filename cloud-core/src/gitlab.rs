@@ -358,11 +358,10 @@ impl GitLab {
             Some(project) => project,
             None => {
                 let group = self.group().await?;
-                match self
-                    .find_project(&format!("{}/{}", group.full_path, user))
-                    .await?
-                {
-                    Some(project) => self.remember(user, project),
+                let full_path = format!("{}/{}", group.full_path, user);
+                match self.find_project(&full_path).await? {
+                    // Another tenant's project (found by a path differing in case) is never read.
+                    Some(project) => self.remember(user, &full_path, project)?,
                     None => return Ok(Vec::new()),
                 }
             }
