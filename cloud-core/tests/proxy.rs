@@ -137,23 +137,22 @@ fn a_plain_push_through_the_embedded_upstream_fires_one_event() {
     assert_eq!(git(&bare, ["rev-parse", "main"]).trim(), head);
     assert_eq!(h.events(), vec![alice_main(&head)]);
 
-    // A push the upstream refuses (report-status `ng refs/heads/main`) moves no ref and fires
-    // nothing: a real receive-pack exchange, unlike a push of nothing new, which git never sends.
-    let hook = bare.join("hooks/pre-receive");
-    std::fs::write(&hook, "#!/bin/sh\necho no pushes today >&2\nexit 1\n").expect("hook");
-    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
+    // A push the upstream refuses (report-status `ng refs/heads/main`: the embedded upstream's
+    // hook refuses rewriting `main`) moves no ref and fires nothing: a real receive-pack
+    // exchange, unlike a push of nothing new, which git never sends.
+    git(&work, ["commit", "-q", "--amend", "-m", "rewritten"]);
+    let refused = git_output(&work, ["push", "-q", "--force", "origin", "main"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("hook declined"),
+        "{said}"
+    );
+    assert_eq!(git(&bare, ["rev-parse", "main"]).trim(), head);
+    // The sentinel: a push the upstream accepts fires exactly one more event, its own.
+    git(&work, ["reset", "-q", "--hard", &head]);
     std::fs::write(work.join("b.txt"), "b\n").expect("write");
     git(&work, ["add", "-A"]);
     git(&work, ["commit", "-qm", "second"]);
-    let refused = git_output(&work, ["push", "-q", "origin", "main"]);
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("pre-receive hook declined"),
-        "{refused:?}"
-    );
-    assert_eq!(git(&bare, ["rev-parse", "main"]).trim(), head);
-    // The sentinel: the same push accepted fires exactly one more event, its own.
-    std::fs::remove_file(&hook).expect("remove hook");
     git(&work, ["push", "-q", "origin", "main"]);
     let second = git(&work, ["rev-parse", "HEAD"]).trim().to_owned();
     assert_eq!(h.events(), vec![alice_main(&head), alice_main(&second)]);
