@@ -17,6 +17,7 @@ pub mod remote;
 pub mod restore;
 pub mod retry;
 pub mod scan;
+pub mod sparse;
 pub mod stage;
 pub mod status;
 pub mod sync;
