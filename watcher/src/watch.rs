@@ -269,24 +269,43 @@ impl TreeWatcher {
     }
 
     /// Re-reads rules and watches every kept directory again, then asks for a full pass.
+    /// After an overflow the events that moved directories are lost, so every directory is
+    /// watched again by name (see [`TreeWatcher::reconcile_with`]).
     fn rescan_all(&mut self, changes: &mut Changes) {
         let warnings = self.write_filter().reload_repo_rules();
         report_rule_warnings(&warnings);
-        self.reconcile(Path::new(""));
+        self.reconcile_with(Path::new(""), true);
         changes.merge(Changes::everything());
+    }
+
+    fn reconcile(&mut self, dir: &Path) -> Vec<PathBuf> {
+        self.reconcile_with(dir, false)
     }
 
     /// Makes the watches under `dir` exactly its kept directories, loading their rules.
     /// Each directory is watched before it is read, so nothing created meanwhile is missed.
     /// Returns the directories that got a watch they did not have.
-    fn reconcile(&mut self, dir: &Path) -> Vec<PathBuf> {
+    ///
+    /// inotify watches inodes, and notify maps each watch to the name it was added under:
+    /// `again` re-adds the watch of every directory (a directory whose inode moved to another
+    /// name gets its name right). Removing the watch of a name that is gone may remove the
+    /// watch its inode has under a new name too, so the directories watched in this pass are
+    /// watched once more after that.
+    fn reconcile_with(&mut self, dir: &Path, again: bool) -> Vec<PathBuf> {
         let mut added = Vec::new();
+        let mut visited = Vec::new();
         let mut warnings = Vec::new();
         let filter = Arc::clone(&self.filter);
         let mut filter = filter.write().unwrap_or_else(|e| e.into_inner());
         let mut limit_hit = None;
         let kept = scan::kept_dirs(&self.workdir, dir, &mut filter, &mut warnings, |rel| {
             if self.watched.contains(rel) {
+                if again {
+                    let _ = self
+                        .watcher
+                        .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive);
+                    visited.push(rel.to_owned());
+                }
                 return;
             }
             self.unwatched.remove(rel);
@@ -303,6 +322,7 @@ impl TreeWatcher {
                 Ok(()) => {
                     self.watched.insert(rel.to_owned());
                     added.push(rel.to_owned());
+                    visited.push(rel.to_owned());
                 }
                 Err(e) if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) => {
                     self.unwatched.insert(rel.to_owned());
@@ -317,9 +337,16 @@ impl TreeWatcher {
         });
         let kept: BTreeSet<PathBuf> = kept.into_iter().collect();
         let gone: Vec<PathBuf> = self.subtree_of(dir).filter(|w| !kept.contains(w)).collect();
-        for path in gone {
-            self.unwatch(&path);
-            filter.forget_below(&path);
+        for path in &gone {
+            self.unwatch(path);
+            filter.forget_below(path);
+        }
+        if !gone.is_empty() {
+            for rel in &visited {
+                let _ = self
+                    .watcher
+                    .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive);
+            }
         }
         drop(filter);
         report_rule_warnings(&warnings);

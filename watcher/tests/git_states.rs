@@ -133,10 +133,13 @@ fn a_sparse_checkout_keeps_every_file_outside_the_cone() {
         repo.git(&["sparse-checkout", "set", "app"]);
         assert!(!repo.path("lib/l.txt").exists());
         repo.write("app/new.txt", "new");
+        // Outside the sparse checkout git adds nothing new.
+        repo.write("lib/outside.txt", "outside");
     });
     let paths = repo.head_paths();
     assert!(paths.contains(&"lib/x/y.txt".to_owned()), "{paths:?}");
     assert!(paths.contains(&"app/new.txt".to_owned()), "{paths:?}");
+    assert!(!paths.contains(&"lib/outside.txt".to_owned()), "{paths:?}");
 }
 
 #[test]
@@ -365,4 +368,39 @@ fn an_excludes_file_created_after_start_applies() {
         };
         (!saved(&format!("probe{n}.swp"))).then_some(())
     });
+}
+
+/// After an overflow the watches are reconciled by inode as well as by name: a renamed
+/// directory (whose inode inotify already watches under the old name) and two swapped ones
+/// keep live watches under their new names.
+#[test]
+fn directories_renamed_during_an_overflow_stay_watched() {
+    let repo = Repo::new();
+    repo.write("one/a.txt", "a");
+    repo.write("two/b.txt", "b");
+    repo.write("three/c.txt", "c");
+    let mut config = repo.config();
+    // One buffered event: nearly every batch overflows and rescans.
+    config.event_buffer = 1;
+    let _daemon = Daemon::start(&repo, config);
+    fs::rename(repo.path("one"), repo.path("renamed")).unwrap();
+    fs::rename(repo.path("two"), repo.path("swap")).unwrap();
+    fs::rename(repo.path("three"), repo.path("two")).unwrap();
+    fs::rename(repo.path("swap"), repo.path("three")).unwrap();
+    for i in 0..30 {
+        repo.write(&format!("noise/{i}"), "overflow");
+    }
+    repo.wait_saved();
+    // Edits inside the moved directories must be seen live, not at the next full pass.
+    repo.write("renamed/new.txt", "new");
+    repo.write("two/new.txt", "new");
+    repo.write("three/new.txt", "new");
+    until(PATIENCE, "edits in renamed directories", || {
+        let paths = repo.head_paths();
+        ["renamed/new.txt", "two/new.txt", "three/new.txt"]
+            .iter()
+            .all(|p| paths.contains(&(*p).to_owned()))
+            .then_some(())
+    });
+    repo.wait_saved();
 }

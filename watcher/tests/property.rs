@@ -400,7 +400,7 @@ fn cases() -> u32 {
     std::env::var("WATCHER_PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(32)
+        .unwrap_or(64)
 }
 
 /// Cases checked against the user's own index, and those among them whose index held
