@@ -254,10 +254,26 @@ impl Filter {
     }
 }
 
-/// `.git` at any depth, and `.env` files: never saved, even when tracked.
+/// `.git` at any depth, and env files: never saved, even when tracked.
 pub fn is_always_ignored(rel: &Path) -> bool {
     rel.components().any(|c| c.as_os_str() == ".git")
-        || rel.file_name().is_some_and(|n| n == ENV_FILE)
+        || rel
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(is_env_file_name)
+}
+
+/// The usual homes of secrets in Node projects, never saved: `.env`, and `.env.<anything>`
+/// (`.env.local`, `.env.production`, `.env.development.local`, ...) except the templates
+/// `.env.example`, `.env.sample` and `.env.template`. Restore asks for their values (the
+/// manifest lists the names of those at the root).
+pub fn is_env_file_name(name: &str) -> bool {
+    name == ENV_FILE
+        || (name.starts_with(".env.")
+            && name.len() > ".env.".len()
+            && ![".example", ".sample", ".template"]
+                .iter()
+                .any(|t| name.ends_with(t)))
 }
 
 fn read_rules(
@@ -410,6 +426,12 @@ mod tests {
         check("sub/.git", false, true);
         check(".env", false, true);
         check("a/.env", false, true);
+        check(".env.local", false, true);
+        check(".env.production", false, true);
+        check("a/.env.development.local", false, true);
+        check(".env.example", false, false);
+        check(".env.sample", false, false);
+        check(".envrc", false, false);
         check("src/main.rs", false, false);
     }
 

@@ -233,9 +233,13 @@ impl TreeWatcher {
             }
             return;
         }
-        if rel == Path::new(ENV_FILE) {
+        if rel.parent() == Some(Path::new(""))
+            && rel.to_str().is_some_and(crate::filter::is_env_file_name)
+        {
             changes.env_changed = true;
-            self.watch_rule_files();
+            if rel == Path::new(ENV_FILE) {
+                self.watch_rule_files();
+            }
             return;
         }
         if rel == Path::new(MANIFEST_FILE) {

@@ -404,3 +404,47 @@ fn directories_renamed_during_an_overflow_stay_watched() {
     });
     repo.wait_saved();
 }
+
+/// The usual homes of secrets besides `.env` are never saved, even when tracked; the manifest
+/// lists their names so a restore asks for them; templates are saved.
+#[test]
+fn env_local_and_production_files_stay_out_and_their_names_are_listed() {
+    let repo = Repo::new();
+    repo.write(".env.production", "TRACKED_BEFORE=1\n");
+    repo.git(&["add", "-f", ".env.production"]);
+    repo.git(&["commit", "-qm", "a secret committed by hand"]);
+    repo.write(".env.local", "LOCAL_KEY=local-secret-value\n");
+    repo.write("app/.env.development.local", "NESTED=nested-secret\n");
+    repo.write(".env.example", "LOCAL_KEY=\n");
+    let _daemon = Daemon::start(&repo, repo.config());
+    until(PATIENCE, "the template saved", || {
+        repo.head_paths()
+            .contains(&".env.example".to_owned())
+            .then_some(())
+    });
+    let paths = repo.head_paths();
+    for secret in [
+        ".env.local",
+        ".env.production",
+        "app/.env.development.local",
+    ] {
+        assert!(!paths.contains(&secret.to_owned()), "{secret}: {paths:?}");
+    }
+    let manifest = repo.git(&["show", "HEAD:shmastra.json"]);
+    assert!(manifest.contains("\"env_files\""), "{manifest}");
+    assert!(
+        manifest.contains("\".env.local\": [\n      \"LOCAL_KEY\""),
+        "{manifest}"
+    );
+    assert!(manifest.contains("TRACKED_BEFORE"), "{manifest}");
+    assert!(!manifest.contains("secret-value"), "{manifest}");
+    // A new name in one of them reaches the manifest live.
+    repo.write(".env.local", "LOCAL_KEY=x\nADDED_LATER=y\n");
+    until(PATIENCE, "the new name in the manifest", || {
+        repo.git(&["show", "HEAD:shmastra.json"])
+            .contains("ADDED_LATER")
+            .then_some(())
+    });
+    let exclude = fs::read_to_string(repo.path(".git/info/exclude")).unwrap();
+    assert!(exclude.lines().any(|l| l == ".env.*"), "{exclude}");
+}
