@@ -57,6 +57,10 @@ pub struct Stager {
     tracked_ignored: Vec<(PathBuf, Vec<PathBuf>)>,
     /// Told when the filter's tracked ignored paths changed (the watch stage re-watches).
     tracked_ignored_changed: Arc<Notify>,
+    /// For attribute lookups ([`Stager::needs_git`]).
+    attrs: Option<Repository>,
+    /// Filter drivers configured with a `clean` or `process` command, re-read each batch.
+    drivers: Vec<String>,
 }
 
 impl Stager {
@@ -87,6 +91,8 @@ impl Stager {
             index_written: None,
             tracked_ignored: Vec::new(),
             tracked_ignored_changed,
+            attrs: Repository::open(workdir).ok(),
+            drivers: Vec::new(),
         })
     }
 
@@ -110,6 +116,7 @@ impl Stager {
             }
             self.index.read(true).map_err(err)?;
         }
+        self.drivers = self.filter_drivers();
         self.index_written = self
             .index
             .path()
@@ -417,6 +424,10 @@ impl Stager {
         }
         self.clear_the_way(rel);
         match self.index.add_path(rel) {
+            Ok(()) if self.needs_git(rel) => {
+                self.dirty = true;
+                self.hash_with_git(rel);
+            }
             Ok(()) => self.dirty = true,
             // A readable file the file system refused to store: the whole batch waits for it.
             Err(e) if is_store_failure(&e, &self.workdir.join(rel), meta) => {
@@ -427,6 +438,85 @@ impl Stager {
                 "cannot save this file, its last saved version is kept: {}",
                 e.message()
             ),
+        }
+    }
+
+    /// Filter drivers with a `clean` or `process` command in the repository's configuration.
+    fn filter_drivers(&self) -> Vec<String> {
+        let Some(mut config) = self.attrs.as_ref().and_then(|r| r.config().ok()) else {
+            return Vec::new();
+        };
+        let Ok(config) = config.snapshot() else {
+            return Vec::new();
+        };
+        let Ok(entries) = config.entries(Some(r"^filter\..*\.(clean|process)$")) else {
+            return Vec::new();
+        };
+        let mut drivers = Vec::new();
+        let _ = entries.for_each(|entry| {
+            if let Some((driver, _)) = entry
+                .name()
+                .ok()
+                .and_then(|n| n.strip_prefix("filter."))
+                .and_then(|n| n.rsplit_once('.'))
+            {
+                drivers.push(driver.to_owned());
+            }
+        });
+        drivers
+    }
+
+    /// Whether git converts this path with something libgit2 does not run: a filter driver's
+    /// command (git-lfs is one) or `working-tree-encoding`.
+    fn needs_git(&self, rel: &Path) -> bool {
+        let Some(repo) = &self.attrs else {
+            return false;
+        };
+        let flags = git2::AttrCheckFlags::FILE_THEN_INDEX;
+        let attr = |name: &str| match git2::AttrValue::from_string(
+            repo.get_attr(rel, name, flags).ok().flatten(),
+        ) {
+            git2::AttrValue::String(value) => Some(value.to_owned()),
+            _ => None,
+        };
+        attr("working-tree-encoding").is_some()
+            || attr("filter").is_some_and(|driver| self.drivers.contains(&driver))
+    }
+
+    /// Stores what `git hash-object` stores for this path (it runs the filters git would) as
+    /// the entry's content. If git cannot, the raw bytes stay, with a warning naming the path.
+    fn hash_with_git(&mut self, rel: &Path) {
+        let output = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&self.workdir)
+            .args(["hash-object", "-w", "--"])
+            .arg(rel)
+            .output();
+        let id = match output {
+            Ok(out) if out.status.success() => {
+                Oid::from_str(String::from_utf8_lossy(&out.stdout).trim()).ok()
+            }
+            Ok(out) => {
+                tracing::warn!(
+                    path = %rel.display(),
+                    "git could not run the content filter for this file, its raw bytes are saved: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    path = %rel.display(),
+                    "this file needs git's content filters and git could not run, its raw bytes are saved: {e}"
+                );
+                None
+            }
+        };
+        if let (Some(id), Some(mut entry)) = (id, self.index.get_path(rel, 0)) {
+            entry.id = id;
+            if let Err(e) = self.index.add(&entry) {
+                tracing::warn!(path = %rel.display(), "cannot store the filtered content, its raw bytes are saved: {}", e.message());
+            }
         }
     }
 

@@ -448,3 +448,30 @@ fn env_local_and_production_files_stay_out_and_their_names_are_listed() {
     let exclude = fs::read_to_string(repo.path(".git/info/exclude")).unwrap();
     assert!(exclude.lines().any(|l| l == ".env.*"), "{exclude}");
 }
+
+/// Content git converts with what libgit2 does not run: a clean filter driver (how git-lfs
+/// works) and `working-tree-encoding`. The watcher has git hash those paths.
+#[test]
+fn clean_filters_and_working_tree_encoding_are_applied_as_git_applies_them() {
+    let (repo, _d) = check("filters", |repo| {
+        repo.git(&["config", "filter.upper.clean", "tr a-z A-Z"]);
+        repo.git(&["config", "filter.upper.smudge", "cat"]);
+        repo.git(&["config", "filter.upper.required", "true"]);
+        repo.write(
+            ".gitattributes",
+            "*.up filter=upper\n*.u16 text working-tree-encoding=UTF-16LE\n",
+        );
+        repo.write("shout.up", "quiet words\n");
+        let utf16: Vec<u8> = "héllo\n"
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        fs::write(repo.path("wide.u16"), utf16).unwrap();
+    });
+    assert_eq!(repo.git(&["show", "HEAD:shout.up"]), "QUIET WORDS\n");
+    assert_eq!(repo.git(&["show", "HEAD:wide.u16"]), "héllo\n");
+    repo.write("shout.up", "live edit\n");
+    until(PATIENCE, "the live edit, filtered", || {
+        (repo.git(&["show", "HEAD:shout.up"]) == "LIVE EDIT\n").then_some(())
+    });
+}

@@ -81,6 +81,7 @@ const ATTRIBUTES: &[&str] = &[
     "x binary",
     "*.TXT text",
     "c ident",
+    "*.log filter=upper",
 ];
 
 #[derive(Debug, Clone)]
@@ -368,6 +369,8 @@ fn prepare(repo: &Repo, upstream: &Path, step: &Setup) {
             }
         }
         Setup::Attributes { dir, lines } => {
+            // A clean filter driver, as git-lfs installs one.
+            git_output(root, ["config", "filter.upper.clean", "tr a-z A-Z"]);
             let text: String = lines
                 .iter()
                 .map(|&i| format!("{}\n", ATTRIBUTES[i]))
