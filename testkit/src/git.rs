@@ -102,7 +102,7 @@ pub fn tree_of_add_all_from(work_tree: &Path, start: Option<&Path>) -> String {
     if let Some(start) = start
         && start.exists()
     {
-        std::fs::copy(start, &index).expect("copy the index");
+        copy_index(start, &index);
     }
     let run = |args: &[&str]| {
         let out = command(work_tree)
@@ -125,6 +125,21 @@ pub fn tree_of_add_all_from(work_tree: &Path, start: Option<&Path>) -> String {
     let tree = run(&["write-tree"]);
     let _ = std::fs::remove_file(&index);
     tree
+}
+
+/// Copies an index file keeping its modification time: git trusts an entry's stat data only
+/// when the file was modified before the index was written (its "racy git" rule), so a copy
+/// with a new time would make git take a file rewritten in the same clock tick as unchanged.
+pub fn copy_index(from: &Path, to: &Path) {
+    std::fs::copy(from, to).expect("copy the index");
+    let modified = std::fs::metadata(from)
+        .and_then(|m| m.modified())
+        .expect("the index's modification time");
+    std::fs::File::options()
+        .write(true)
+        .open(to)
+        .and_then(|f| f.set_modified(modified))
+        .expect("keep the index's modification time");
 }
 
 /// Paths and modes in a tree, one `mode path` per line, sorted: readable in a failed assert.

@@ -324,6 +324,14 @@ fn read_rules(
 /// braces escaped (git has no alternation). `None` for a line git can never match (an
 /// unclosed `[`).
 fn as_git_reads_it(line: &str) -> Option<String> {
+    // A pattern ending in a lone `\` (before a trailing `/`) is an escape of nothing, which
+    // git's wildmatch never matches; the crate would read it as something else.
+    let pattern = trim_unescaped_trailing_spaces(line);
+    let pattern = pattern.strip_suffix('/').unwrap_or(pattern);
+    let backslashes = pattern.bytes().rev().take_while(|&b| b == b'\\').count();
+    if backslashes % 2 == 1 {
+        return None;
+    }
     let mut out = String::with_capacity(line.len() + 4);
     let mut chars = line.chars().peekable();
     while let Some(c) = chars.next() {
@@ -347,6 +355,20 @@ fn as_git_reads_it(line: &str) -> Option<String> {
         }
     }
     Some(out)
+}
+
+/// Git drops trailing spaces unless a backslash escapes them.
+fn trim_unescaped_trailing_spaces(line: &str) -> &str {
+    let mut end = line.len();
+    while line[..end].ends_with(' ') {
+        let before = &line[..end - 1];
+        let escapes = before.bytes().rev().take_while(|&b| b == b'\\').count();
+        if escapes % 2 == 1 {
+            break;
+        }
+        end -= 1;
+    }
+    &line[..end]
 }
 
 /// The rest of a `[...]` class after its `[`, through its `]`; `None` when it never closes.
@@ -454,6 +476,11 @@ mod tests {
         check("[!]]", Some("[!]]"));
         check("[a\\]", None);
         check("plain/path", Some("plain/path"));
+        check("\\/", None);
+        check("a\\", None);
+        check("a\\\\", Some("a\\\\"));
+        check("trail\\ ", Some("trail\\ "));
+        check("x\\   ", Some("x\\   "));
     }
 
     #[test]

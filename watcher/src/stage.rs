@@ -1,10 +1,14 @@
 //! The stage: brings the index in line with the working tree for the paths that changed, so
 //! that writing the index as a tree gives what `git add -A` would commit.
 //!
-//! `Index::add_path` ignores `.gitignore`, so every path passes the filter first. Paths that
-//! changed cost one `lstat` and one hash each; only subtrees (start-up, rescans, new
-//! directories, rule edits) are walked. The `Index` is kept between batches and re-read
-//! only when someone else (a `git` command, `restore`, `sync`) wrote it.
+//! As git does, what the index already holds decides as much as the ignore rules: a tracked
+//! path is updated even when a rule matches it, skip-worktree and assume-unchanged entries are
+//! left alone, a gitlink stays when its submodule is not checked out, and a directory with
+//! tracked paths below it is walked even when it holds a repository of its own. Untracked
+//! paths pass the filter (`Index::add_path` knows nothing of `.gitignore`). Paths that changed
+//! cost one `lstat` and one hash each; only subtrees (start-up, rescans, new directories, rule
+//! edits) are walked. The `Index` is kept between batches and re-read only when someone else
+//! (a `git` command, `restore`, `sync`) wrote it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;

@@ -459,7 +459,9 @@ proptest! {
             prepare(&repo, &upstream, step);
         }
         let baseline = repo.dir.parent().unwrap().join("baseline-index");
-        let _ = fs::copy(repo.path(".git/index"), &baseline);
+        if repo.path(".git/index").exists() {
+            testkit::git::copy_index(&repo.path(".git/index"), &baseline);
+        }
         let mut config = repo.config();
         config.debounce = Duration::from_millis(100);
         config.max_delay = Duration::from_millis(400);

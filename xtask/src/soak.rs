@@ -38,6 +38,7 @@ const SUITES: &[(&str, &[&str])] = &[
             "reliability_inotify",
             "reliability_hostile",
             "property",
+            "rules_differential",
         ],
     ),
     ("cloud-core", &["parsers_proptest"]),
