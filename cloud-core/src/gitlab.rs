@@ -39,6 +39,16 @@ pub struct Project {
     pub http_url_to_repo: String,
 }
 
+/// A commit as `GET /projects/:id/repository/commits` lists it (the fields this crate reads).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    pub id: String,
+    /// The whole message, trailers included.
+    pub message: String,
+    /// ISO 8601 with the committer's offset (`2026-11-30T14:05:12.000+01:00`).
+    pub committed_date: String,
+}
+
 /// What went wrong talking to GitLab, sorted by what the caller does about it.
 #[derive(Debug, thiserror::Error)]
 pub enum GitLabError {
@@ -67,6 +77,10 @@ pub enum GitLabError {
         "project path {path} is taken, but the project cannot be read (pending deletion, or a name clash): GitLab said: {body}"
     )]
     PathTaken { path: String, body: String },
+    #[error(
+        "GitLab answered project {found} when asked for {asked}: project paths resolve case-insensitively, so this is another tenant's project; no git traffic goes to it"
+    )]
+    ProjectMismatch { asked: String, found: String },
     #[error("GITLAB_SERVICE_TOKEN contains characters that cannot be sent in an HTTP header")]
     InvalidServiceToken,
     #[error(
@@ -312,10 +326,15 @@ impl GitLab {
         let full_path = format!("{}/{}", group.full_path, user);
         if let Some(project) = self.find_project(&full_path).await? {
             tracing::debug!(user = %user, project_id = project.id, "GitLab project exists");
-            return Ok(self.remember(user, project));
+            return self.remember(user, &full_path, project);
         }
         let project = self.create_project(&group, user, &full_path).await?;
-        Ok(self.remember(user, project))
+        self.remember(user, &full_path, project)
+    }
+
+    /// The full path of the group that holds the user projects, as GitLab spells it.
+    pub async fn group_path(&self) -> Result<String, GitLabError> {
+        Ok(self.group().await?.full_path)
     }
 
     /// The user's project from this client's cache, else [`GitLab::ensure_user_project`]: the
@@ -325,6 +344,68 @@ impl GitLab {
             return Ok(project);
         }
         self.ensure_user_project(user).await
+    }
+
+    /// The newest `limit` commits of `user`'s project on every branch (the project's branch and
+    /// the `recovery/` branches), newest first, paging through GitLab's answers. A user without
+    /// a project, or a project without a repository yet, has none. Never creates anything.
+    pub async fn recent_commits(
+        &self,
+        user: &UserId,
+        limit: usize,
+    ) -> Result<Vec<Commit>, GitLabError> {
+        let project = match self.cached(user) {
+            Some(project) => project,
+            None => {
+                let group = self.group().await?;
+                let full_path = format!("{}/{}", group.full_path, user);
+                match self.find_project(&full_path).await? {
+                    // Another tenant's project (found by a path differing in case) is never read.
+                    Some(project) => self.remember(user, &full_path, project)?,
+                    None => return Ok(Vec::new()),
+                }
+            }
+        };
+        let what = || format!("GET commits of project {}", project.path_with_namespace);
+        let per_page = limit.clamp(1, 100).to_string();
+        let mut commits = Vec::new();
+        let mut page = 1u32;
+        while commits.len() < limit {
+            let mut url =
+                self.endpoint(&["projects", &project.id.to_string(), "repository", "commits"]);
+            url.query_pairs_mut()
+                .append_pair("all", "true")
+                .append_pair("per_page", &per_page)
+                .append_pair("page", &page.to_string());
+            let answer = self.send(Method::GET, url, None).await?;
+            match answer.status {
+                StatusCode::OK => {}
+                // GitLab's answer for a project whose repository has no commit yet.
+                StatusCode::NOT_FOUND => break,
+                StatusCode::FORBIDDEN => {
+                    return Err(GitLabError::Forbidden {
+                        what: what(),
+                        group_id: self.inner.group_id,
+                        body: quote(&answer.body),
+                    });
+                }
+                _ => return Err(self.unexpected(what(), &answer)),
+            }
+            let batch: Vec<Commit> = parse_json("GET commits", &answer.body)?;
+            let more = answer
+                .headers
+                .get("x-next-page")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| !v.trim().is_empty());
+            let empty = batch.is_empty();
+            commits.extend(batch);
+            if !more || empty {
+                break;
+            }
+            page += 1;
+        }
+        commits.truncate(limit);
+        Ok(commits)
     }
 
     /// Drops the cached project of `user` (e.g. after GitLab answered 404 for its repository).
@@ -345,13 +426,27 @@ impl GitLab {
             .cloned()
     }
 
-    fn remember(&self, user: &UserId, project: Project) -> Project {
+    /// Caches `project` as `user`'s once its path is exactly `full_path`: GitLab finds
+    /// `group/Alice` when asked for `group/alice`, and that project belongs to someone else.
+    fn remember(
+        &self,
+        user: &UserId,
+        full_path: &str,
+        project: Project,
+    ) -> Result<Project, GitLabError> {
+        if project.path_with_namespace != full_path {
+            tracing::error!(user = %user, asked = full_path, found = %project.path_with_namespace, "GitLab answered another project's path");
+            return Err(GitLabError::ProjectMismatch {
+                asked: full_path.to_owned(),
+                found: project.path_with_namespace,
+            });
+        }
         self.inner
             .projects
             .lock()
             .expect("project cache lock")
             .insert(user.clone(), project.clone());
-        project
+        Ok(project)
     }
 
     async fn group(&self) -> Result<Group, GitLabError> {

@@ -103,8 +103,14 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         path: path.to_owned(),
         source,
     };
+    // Only the watcher's own folder is made, never `.git` itself: a repository deleted
+    // under a running watcher must not come back as an empty `.git`.
     if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).map_err(io_err)?;
+        match fs::create_dir(parent) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(e)),
+        }
     }
     OpenOptions::new()
         .read(true)

@@ -5,6 +5,7 @@
 //! drives an E2B sandbox in production and a [`crate::sandbox::LocalSandbox`] in tests.
 
 pub mod coalesce;
+pub mod history;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -189,6 +190,8 @@ impl Provisioned {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SandboxStatus {
     Syncing,
+    /// Going back to an earlier save ([`Orchestrator::restore_to`]).
+    Restoring,
     Ready,
     /// The sync failed; `failure` is the failure file (step, message, output tail).
     Broken {
