@@ -332,8 +332,14 @@ async fn a_sandbox_wiped_under_its_watcher_comes_back_with_the_saved_project_on_
     assert_eq!(done, Reprovisioned::Created);
     assert_eq!(world.statuses.take(), reprovisioned());
     world.assert_restored_and_watched("before the wipe\n").await;
+    let old_watcher = fs::read_to_string(world.home().join("watcher.pid")).unwrap();
 
-    world.wipe();
+    // Only the directory goes; the old watcher notices and stops by itself. It may write its
+    // status file while `rm -rf` runs, so a second pass finishes.
+    until_async(PATIENCE, "the sandbox directory removed", || async {
+        fs::remove_dir_all(world.home()).ok()
+    })
+    .await;
     let started = Instant::now();
     let synced = lifecycle.sync(&alice()).await.unwrap();
     let took = started.elapsed();
@@ -353,6 +359,7 @@ async fn a_sandbox_wiped_under_its_watcher_comes_back_with_the_saved_project_on_
     );
     world.assert_restored_and_watched("after the wipe\n").await;
     assert_eq!(lifecycle.provider().creates.load(Ordering::SeqCst), 2);
+    assert!(!alive(old_watcher.trim()), "the old watcher stopped");
     eprintln!("wiped sandbox back and synced in {took:?} (1.5 s of it the recovery wait)");
 }
 

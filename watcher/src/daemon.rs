@@ -50,6 +50,10 @@ pub enum DaemonError {
     Exclude(#[from] crate::restore::RestoreError),
     #[error("push to {remote} failed: {error}")]
     Push { remote: String, error: String },
+    #[error(
+        "the project directory {dir} was removed or replaced while the watcher ran; stopping (a watcher started in the new directory saves it)"
+    )]
+    ProjectGone { dir: PathBuf },
 }
 
 impl DaemonError {
@@ -405,6 +409,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         filter,
     } = setup(&config)?;
     let _instance = InstanceLock::try_acquire(&git_dir)?;
+    let project = DirIdentity::of(&workdir).map_err(|source| DaemonError::Io {
+        path: workdir.clone(),
+        source,
+    })?;
     // libgit2's object cache keeps every tree and commit a save or a push read until the
     // process ends: an idle watcher would hold the peak of its largest batch. A save reads a
     // handful of objects, so reading them again costs less than keeping them.
@@ -506,6 +514,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             }
             () = sleep_until(retry_at), if retry_at.is_some() => Changes::default(),
         };
+        if !project.is_still(&workdir) {
+            // A wiped sandbox: nothing here is ours any more, and saving would write into
+            // whatever now stands at this path.
+            let _ = stop_watch.send(());
+            debounce_task.abort();
+            return Err(project_gone(&workdir));
+        }
         let mut wait = FIRST_RETRY;
         if let Some((earlier, _, last_wait)) = retry.take() {
             changes.merge(earlier);
@@ -538,6 +553,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let _ = stop_watch.send(());
     let _ = watch_task.await;
     debounce_task.abort();
+    if !project.is_still(&workdir) {
+        return Err(project_gone(&workdir));
+    }
     let result = saver.save(Changes::everything()).await;
     book.committing = false;
     book.pending = false;
@@ -562,6 +580,36 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     book.write();
     outcome
+}
+
+/// Which directory the watcher started in (device and inode), to notice the project being
+/// removed, or removed and made again, under it: paths alone would lead it into the new one.
+struct DirIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl DirIdentity {
+    fn of(dir: &Path) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir)?;
+        Ok(Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    fn is_still(&self, dir: &Path) -> bool {
+        Self::of(dir).is_ok_and(|now| now.dev == self.dev && now.ino == self.ino)
+    }
+}
+
+fn project_gone(workdir: &Path) -> DaemonError {
+    let err = DaemonError::ProjectGone {
+        dir: workdir.to_owned(),
+    };
+    tracing::error!("{err}");
+    err
 }
 
 fn log_commit(c: &Committed) {

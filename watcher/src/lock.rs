@@ -94,7 +94,7 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         source,
     };
     if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).map_err(io_err)?;
+        create_state_dir(parent).map_err(io_err)?;
     }
     OpenOptions::new()
         .read(true)
@@ -103,6 +103,16 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         .truncate(false)
         .open(path)
         .map_err(io_err)
+}
+
+/// Makes `.git/project-watcher` (one level: `.git` must exist). A watcher whose project was
+/// removed under it then fails here instead of re-creating the removed tree, which a sandbox
+/// provider would take for a sandbox that still exists.
+pub fn create_state_dir(dir: &Path) -> io::Result<()> {
+    match fs::create_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// How old an `index.lock` must be before it counts as left behind by a dead process.

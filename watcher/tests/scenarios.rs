@@ -10,6 +10,7 @@ use std::os::unix::fs::symlink;
 use std::time::Duration;
 
 use common::{Daemon, PATIENCE, Repo};
+use project_watcher::daemon::DaemonError;
 use testkit::git::git;
 use testkit::wait::until;
 
@@ -348,6 +349,54 @@ fn not_a_repository_is_a_usage_error_that_says_how_to_fix_it() {
         .unwrap_err();
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("git init"), "{err}");
+}
+
+/// The project removed under a running watcher (a wiped sandbox), and, with `remake`, a new
+/// directory made at the same path at once (the sandbox re-created): the watcher stops with
+/// exit code 1 and writes nothing there, not even its state directory.
+fn check_project_removed(remake: bool) {
+    let repo = Repo::new();
+    repo.write("a.txt", "a\n");
+    let daemon = Daemon::start(&repo, repo.config());
+    repo.wait_saved();
+
+    // The watcher may write its status file while `rm -rf` runs; a second pass finishes.
+    until(PATIENCE, "the project to be removed", || {
+        fs::remove_dir_all(&repo.dir).ok()
+    });
+    if remake {
+        fs::create_dir(&repo.dir).unwrap();
+        fs::write(repo.dir.join("new.txt"), "new\n").unwrap();
+    }
+    until(PATIENCE, "the watcher to stop", || {
+        daemon.finished().then_some(())
+    });
+
+    let err = daemon.join().unwrap_err();
+    assert!(matches!(err, DaemonError::ProjectGone { .. }), "{err}");
+    assert_eq!(err.exit_code(), 1);
+    if remake {
+        let names: Vec<_> = fs::read_dir(&repo.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["new.txt"]);
+    } else {
+        assert!(
+            !repo.dir.exists(),
+            "nothing brought the removed directory back"
+        );
+    }
+}
+
+#[test]
+fn a_project_removed_under_the_watcher_stops_it() {
+    check_project_removed(false);
+}
+
+#[test]
+fn a_project_removed_and_made_again_stops_the_watcher_without_touching_the_new_one() {
+    check_project_removed(true);
 }
 
 #[test]
