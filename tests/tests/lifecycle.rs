@@ -242,6 +242,7 @@ fn kill(pid: &str) {
 fn alive(pid: &str) -> bool {
     std::process::Command::new("kill")
         .args(["-0", pid])
+        .stderr(std::process::Stdio::null())
         .status()
         .unwrap()
         .success()
