@@ -149,7 +149,20 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
             other => return other,
         }
         let sandbox = self.recover(user, &slot, created_before).await?;
-        op(sandbox).await
+        let retried = op(sandbox).await;
+        if let Err(e) = &retried
+            && e.is_gone()
+        {
+            // Lost again at once: the next operation recovers (budget permitting); until
+            // then the status must not stay at whatever the retry had set.
+            self.status.set_status(
+                user.as_str(),
+                SandboxStatus::Broken {
+                    failure: format!("step: retry after recovery\nerror: {e}\n"),
+                },
+            );
+        }
+        retried
     }
 
     /// [`Orchestrator::try_sync`] with recovery: a sandbox lost before or during the sync is
@@ -643,6 +656,11 @@ mod tests {
             }
         }
         assert_eq!(world.count("create"), 3, "one sandbox per recovery");
+        let mut first = started();
+        first.push(SandboxStatus::Broken {
+            failure: "step: retry after recovery\nerror: sandbox alice is gone\n".into(),
+        });
+        assert_eq!(statuses.all()[..5], first);
         // Each of the first three found the sandbox gone, recovered, and lost it again on its
         // one retry (no second recovery within one operation); the rest stopped at once.
         assert_eq!(calls.load(Ordering::SeqCst), 3);
