@@ -362,6 +362,22 @@ async fn a_sandbox_wiped_under_its_watcher_comes_back_with_the_saved_project_on_
     assert_eq!(lifecycle.provider().creates.load(Ordering::SeqCst), 2);
     assert!(!alive(old_watcher.trim()), "the old watcher stopped");
     eprintln!("wiped sandbox back and synced in {took:?} (1.5 s of it the recovery wait)");
+
+    // Wiped again; this time the page asks for a restore.
+    until_async(PATIENCE, "the sandbox directory removed", || async {
+        fs::remove_dir_all(world.home()).ok()
+    })
+    .await;
+    let done = lifecycle.reprovision(&alice(), secrets()).await.unwrap();
+    assert_eq!(done, Reprovisioned::Created);
+    assert_eq!(world.statuses.take(), reprovisioned());
+    assert_eq!(
+        fs::read_to_string(world.project().join("src/probe.ts")).unwrap(),
+        "after the wipe\n"
+    );
+    world
+        .assert_restored_and_watched("after the second wipe\n")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
