@@ -578,7 +578,7 @@ async fn a_wipe_loses_only_what_the_watcher_had_not_pushed() {
     eprintln!("one edit -> upstream, debounce {DEBOUNCE:?}: {to_upstream:?}");
     let slowest_push = *to_upstream.last().unwrap();
 
-    for (round, editing_for) in [1300, 2700, 4100, 5500]
+    for (round, editing_for) in [1300, 2700, 4100, 6900]
         .map(Duration::from_millis)
         .into_iter()
         .enumerate()
@@ -615,8 +615,10 @@ async fn a_wipe_loses_only_what_the_watcher_had_not_pushed() {
             tree_of_add_all(&world.project()),
             tree_of(&world.upstream, "main").unwrap()
         );
+        // Slack for a loaded machine, while a restore that lost pushed work (everything since
+        // the start of the round, 6.9 s in the last) still fails.
         assert!(
-            lost <= MAX_DELAY + slowest_push + Duration::from_secs(1),
+            lost <= MAX_DELAY + slowest_push + Duration::from_secs(2),
             "lost {lost:?} of editing: more than --max-delay {MAX_DELAY:?} + one push ({slowest_push:?})"
         );
     }
