@@ -158,8 +158,13 @@ impl World {
                 wait,
                 ..RecoveryPolicy::default()
             })
-            .with_secrets(|_: &UserId| {
-                vec![("DATABASE_URL".to_owned(), SecretValue::new("postgres://db"))]
+            // The backend's store also holds a name the saved manifest no longer lists.
+            .with_secrets(|_: &UserId, names: &[String]| {
+                assert_eq!(names, ["DATABASE_URL"]);
+                vec![
+                    ("DATABASE_URL".to_owned(), SecretValue::new("postgres://db")),
+                    ("REMOVED_KEY".to_owned(), SecretValue::new("stale")),
+                ]
             })
     }
 

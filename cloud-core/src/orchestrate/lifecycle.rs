@@ -30,19 +30,27 @@ const RESTORE_DONE: &[u8] = b"done\n";
 /// The marker's name, beside the watcher's environment file.
 const RESTORE_MARKER: &str = "restore-state";
 
-/// Where re-provisioning finds the values of the secrets the saved project's `shmastra.json`
-/// names (the cloud never saved them; a closure over the backend's own store, or nothing).
+/// Where recovery finds the values of the secrets the saved project's `shmastra.json` names
+/// (the cloud never saved them; a closure over the backend's own store, or nothing). It is
+/// asked for exactly those `names`; whatever else it returns is left out.
 pub trait SecretSource: Send + Sync {
-    fn secrets(&self, user: &UserId) -> Vec<(String, SecretValue)>;
+    fn secrets(&self, user: &UserId, names: &[String]) -> Vec<(String, SecretValue)>;
 }
 
 impl<F> SecretSource for F
 where
-    F: Fn(&UserId) -> Vec<(String, SecretValue)> + Send + Sync,
+    F: Fn(&UserId, &[String]) -> Vec<(String, SecretValue)> + Send + Sync,
 {
-    fn secrets(&self, user: &UserId) -> Vec<(String, SecretValue)> {
-        self(user)
+    fn secrets(&self, user: &UserId, names: &[String]) -> Vec<(String, SecretValue)> {
+        self(user, names)
     }
+}
+
+/// The restore form: submitted by the user (checked strictly against the manifest), or, in
+/// recovery, taken from the [`SecretSource`].
+enum Form {
+    Submitted(Vec<(String, SecretValue)>),
+    FromSource,
 }
 
 /// What [`Lifecycle::reprovision`] did.
@@ -84,7 +92,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
             orchestrator,
             policy: RecoveryPolicy::default(),
             status,
-            secrets: Box::new(|_: &UserId| Vec::new()),
+            secrets: Box::new(|_: &UserId, _: &[String]| Vec::new()),
             slots: Mutex::new(HashMap::new()),
             budget: RecoveryBudget::default(),
         }
@@ -123,7 +131,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
     ) -> Result<Reprovisioned, OrchestrateError> {
         let slot = self.slot(user);
         let mut created = slot.lock().await;
-        self.reprovision_locked(user, &mut created, submitted)
+        self.reprovision_locked(user, &mut created, Form::Submitted(submitted))
             .await
             .map(|(_, done)| done)
     }
@@ -221,8 +229,9 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
             })?;
         tracing::warn!(user = %user, recovery = nth, wait = ?self.policy.wait, "sandbox gone; re-provisioning it");
         tokio::time::sleep(self.policy.wait).await;
-        let secrets = self.secrets.secrets(user);
-        let (sandbox, _) = self.reprovision_locked(user, &mut created, secrets).await?;
+        let (sandbox, _) = self
+            .reprovision_locked(user, &mut created, Form::FromSource)
+            .await?;
         Ok(sandbox)
     }
 
@@ -230,12 +239,10 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
         &self,
         user: &UserId,
         created: &mut u64,
-        submitted: Vec<(String, SecretValue)>,
+        form: Form,
     ) -> Result<(P::Sandbox, Reprovisioned), OrchestrateError> {
         let mut step = ProvisionStep::Creating;
-        let outcome = self
-            .reprovision_steps(user, created, submitted, &mut step)
-            .await;
+        let outcome = self.reprovision_steps(user, created, form, &mut step).await;
         match &outcome {
             Ok(_) => {}
             Err(OrchestrateError::Form(_)) => {}
@@ -256,7 +263,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
         &self,
         user: &UserId,
         created: &mut u64,
-        submitted: Vec<(String, SecretValue)>,
+        form: Form,
         step: &mut ProvisionStep,
     ) -> Result<(P::Sandbox, Reprovisioned), OrchestrateError> {
         let key = user.as_str();
@@ -283,6 +290,16 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
         self.status
             .set_status(key, SandboxStatus::Provisioning { step: *step });
         let plan = self.orchestrator.begin_restore(&sandbox, user).await?;
+        let names = plan.secret_names();
+        let submitted = match form {
+            Form::Submitted(submitted) => submitted,
+            Form::FromSource => self
+                .secrets
+                .secrets(user, names)
+                .into_iter()
+                .filter(|(name, _)| names.contains(name))
+                .collect(),
+        };
         *step = ProvisionStep::Starting;
         self.status
             .set_status(key, SandboxStatus::Provisioning { step: *step });
