@@ -192,6 +192,30 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
         .await
     }
 
+    /// [`Orchestrator::with_watcher_stopped`] with recovery: a sandbox lost while the watcher
+    /// is stopped or started again is re-provisioned and the whole thing runs once more, `f`
+    /// included, on the new sandbox (which `f` is given), so `f` must be safe to repeat. `f`'s
+    /// own error is returned as it is, never recovered from.
+    pub async fn with_watcher_stopped<F, Fut, T, E>(
+        &self,
+        user: &UserId,
+        mut f: F,
+    ) -> Result<Result<T, E>, OrchestrateError>
+    where
+        F: FnMut(P::Sandbox) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run(user, |sandbox| {
+            let work = f(sandbox.clone());
+            async move {
+                self.orchestrator
+                    .with_watcher_stopped(&sandbox, || work)
+                    .await
+            }
+        })
+        .await
+    }
+
     fn slot(&self, user: &UserId) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(slots.entry(user.clone()).or_default())
@@ -771,6 +795,72 @@ mod tests {
                 .unwrap_err();
             assert_eq!(err.to_string(), shown);
         }
+        assert_eq!(world.count("create"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_update_whose_sandbox_is_lost_runs_again_with_the_watcher_stopped_around_it() {
+        let world = World::new(false);
+        world.state().alive = Some(0);
+        let upstream = tempfile::tempdir().unwrap();
+        let orchestrator = Orchestrator::new(
+            Some(crate::orchestrate::Persistence {
+                host: EmbeddedUpstream::new(upstream.path()).unwrap(),
+                signer: crate::token::TokenSigner::new(&[1u8; 32]).unwrap(),
+                git_url: "http://127.0.0.1:1/api/git".into(),
+            }),
+            SandboxLayout::shmastra(),
+        );
+        let lifecycle = Lifecycle::new(
+            FakeProvider(Arc::clone(&world)),
+            orchestrator,
+            Arc::new(Statuses::default()),
+        );
+        let calls = AtomicU32::new(0);
+
+        let updated = lifecycle
+            .with_watcher_stopped(&alice(), |sandbox| {
+                let (world, calls) = (&world, &calls);
+                async move {
+                    let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                    world.record(format!("update {call} in sandbox {}", sandbox.generation));
+                    if call == 1 {
+                        world.lose();
+                    }
+                    Ok::<_, String>(call)
+                }
+            })
+            .await
+            .unwrap();
+
+        assert_eq!(updated, Ok(2));
+        let steps: Vec<String> = world
+            .state()
+            .log
+            .iter()
+            .map(|(_, what)| what.clone())
+            .filter(|what| {
+                what.starts_with("update")
+                    || what.contains("project-watcher")
+                    || what.contains(" restore ")
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "exec pm2 stop project-watcher",
+                "update 1 in sandbox 0",
+                "exec pm2 start /home/user/ecosystem.config.js --only project-watcher",
+                // Re-provisioning: stop a running watcher, restore, start the watcher.
+                "exec pm2 pid project-watcher | grep -q '^[1-9]'",
+                "exec pm2 stop project-watcher",
+                "exec \"$WATCHER\" restore --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\"",
+                "exec pm2 start /home/user/ecosystem.config.js --only project-watcher",
+                "exec pm2 stop project-watcher",
+                "update 2 in sandbox 1",
+                "exec pm2 start /home/user/ecosystem.config.js --only project-watcher",
+            ]
+        );
         assert_eq!(world.count("create"), 1);
     }
 
