@@ -542,12 +542,15 @@ async fn a_saved_project_that_needs_secrets_waits_for_them_without_starting_anyt
     world.assert_restored_and_watched("with secrets\n").await;
 }
 
-/// Writes `src/<name>` (a sequence number) every 50 ms until stopped; returns when each
-/// number was written.
+/// Writes `file` (a sequence number) every 50 ms until stopped, as editors save: a temp file
+/// in an ignored folder renamed over it, so the watcher never sees it half written; returns
+/// when each number was written.
 fn keep_editing(file: PathBuf, stop: Arc<std::sync::atomic::AtomicBool>) -> Vec<Instant> {
+    let tmp = file.parent().unwrap().join("../node_modules/.clock.tmp");
     let mut written = Vec::new();
     while !stop.load(Ordering::SeqCst) {
-        fs::write(&file, format!("{}\n", written.len())).unwrap();
+        fs::write(&tmp, format!("{}\n", written.len())).unwrap();
+        fs::rename(&tmp, &file).unwrap();
         written.push(Instant::now());
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -57,11 +57,11 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
-    /// 2 for what the user must fix in the command or the directory, 3 for a lock held by
-    /// another watcher, 1 for everything that went wrong at run time.
+    /// 2 for what the user must fix in the command or the directory (or a project that is
+    /// gone), 3 for a lock held by another watcher, 1 for everything that went wrong at run time.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::NotARepo { .. } => 2,
+            Self::NotARepo { .. } | Self::ProjectGone { .. } => 2,
             Self::Lock(LockError::Held { .. }) => 3,
             _ => 1,
         }
@@ -605,11 +605,9 @@ impl DirIdentity {
 }
 
 fn project_gone(workdir: &Path) -> DaemonError {
-    let err = DaemonError::ProjectGone {
+    DaemonError::ProjectGone {
         dir: workdir.to_owned(),
-    };
-    tracing::error!("{err}");
-    err
+    }
 }
 
 fn log_commit(c: &Committed) {

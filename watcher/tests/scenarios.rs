@@ -353,7 +353,7 @@ fn not_a_repository_is_a_usage_error_that_says_how_to_fix_it() {
 
 /// The project removed under a running watcher (a wiped sandbox), and, with `remake`, a new
 /// directory made at the same path at once (the sandbox re-created): the watcher stops with
-/// exit code 1 and writes nothing there, not even its state directory.
+/// exit code 2 and writes nothing there, not even its state directory.
 fn check_project_removed(remake: bool) {
     let repo = Repo::new();
     repo.write("a.txt", "a\n");
@@ -374,7 +374,7 @@ fn check_project_removed(remake: bool) {
 
     let err = daemon.join().unwrap_err();
     assert!(matches!(err, DaemonError::ProjectGone { .. }), "{err}");
-    assert_eq!(err.exit_code(), 1);
+    assert_eq!(err.exit_code(), 2, "a supervisor must not restart it there");
     if remake {
         let names: Vec<_> = fs::read_dir(&repo.dir)
             .unwrap()
