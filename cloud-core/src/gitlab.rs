@@ -39,6 +39,16 @@ pub struct Project {
     pub http_url_to_repo: String,
 }
 
+/// A commit as `GET /projects/:id/repository/commits` lists it (the fields this crate reads).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    pub id: String,
+    /// The whole message, trailers included.
+    pub message: String,
+    /// ISO 8601 with the committer's offset (`2026-11-30T14:05:12.000+01:00`).
+    pub committed_date: String,
+}
+
 /// What went wrong talking to GitLab, sorted by what the caller does about it.
 #[derive(Debug, thiserror::Error)]
 pub enum GitLabError {
@@ -325,6 +335,69 @@ impl GitLab {
             return Ok(project);
         }
         self.ensure_user_project(user).await
+    }
+
+    /// The newest `limit` commits of `user`'s project on every branch (the project's branch and
+    /// the `recovery/` branches), newest first, paging through GitLab's answers. A user without
+    /// a project, or a project without a repository yet, has none. Never creates anything.
+    pub async fn recent_commits(
+        &self,
+        user: &UserId,
+        limit: usize,
+    ) -> Result<Vec<Commit>, GitLabError> {
+        let project = match self.cached(user) {
+            Some(project) => project,
+            None => {
+                let group = self.group().await?;
+                match self
+                    .find_project(&format!("{}/{}", group.full_path, user))
+                    .await?
+                {
+                    Some(project) => self.remember(user, project),
+                    None => return Ok(Vec::new()),
+                }
+            }
+        };
+        let what = || format!("GET commits of project {}", project.path_with_namespace);
+        let per_page = limit.clamp(1, 100).to_string();
+        let mut commits = Vec::new();
+        let mut page = 1u32;
+        while commits.len() < limit {
+            let mut url =
+                self.endpoint(&["projects", &project.id.to_string(), "repository", "commits"]);
+            url.query_pairs_mut()
+                .append_pair("all", "true")
+                .append_pair("per_page", &per_page)
+                .append_pair("page", &page.to_string());
+            let answer = self.send(Method::GET, url, None).await?;
+            match answer.status {
+                StatusCode::OK => {}
+                // GitLab's answer for a project whose repository has no commit yet.
+                StatusCode::NOT_FOUND => break,
+                StatusCode::FORBIDDEN => {
+                    return Err(GitLabError::Forbidden {
+                        what: what(),
+                        group_id: self.inner.group_id,
+                        body: quote(&answer.body),
+                    });
+                }
+                _ => return Err(self.unexpected(what(), &answer)),
+            }
+            let batch: Vec<Commit> = parse_json("GET commits", &answer.body)?;
+            let more = answer
+                .headers
+                .get("x-next-page")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| !v.trim().is_empty());
+            let empty = batch.is_empty();
+            commits.extend(batch);
+            if !more || empty {
+                break;
+            }
+            page += 1;
+        }
+        commits.truncate(limit);
+        Ok(commits)
     }
 
     /// Drops the cached project of `user` (e.g. after GitLab answered 404 for its repository).

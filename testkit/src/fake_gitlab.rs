@@ -1,6 +1,7 @@
 //! A fake GitLab REST API (v4) on `127.0.0.1:0`, answering as GitLab's documentation says:
 //! `PRIVATE-TOKEN` auth, `GET /groups/:id`, `GET /projects/:id` (numeric or URL-encoded path),
-//! `POST /projects`, with GitLab's status codes and JSON bodies. It records every request and
+//! `POST /projects`, `GET /projects/:id/repository/commits` (from a real bare repository),
+//! with GitLab's status codes and JSON bodies. It records every request and
 //! has switches for the faults a client must survive: 429 with `Retry-After`, 500, a hung
 //! answer, a lost create race, missing membership, no right to create projects.
 
@@ -68,6 +69,9 @@ struct State {
     requests: Vec<RecordedRequest>,
     repo_base: String,
     web_base: String,
+    /// Bare repositories behind projects (`path_with_namespace` -> directory), for the
+    /// repository endpoints.
+    repositories: std::collections::HashMap<String, std::path::PathBuf>,
 }
 
 /// The running fake. Dropping it stops the server and every open connection.
@@ -97,6 +101,7 @@ impl FakeGitLab {
             requests: Vec::new(),
             repo_base: base.clone(),
             web_base: base,
+            repositories: std::collections::HashMap::new(),
         }));
         let server = tokio::spawn(serve(listener, state.clone()));
         FakeGitLab {
@@ -149,6 +154,14 @@ impl FakeGitLab {
     pub fn add_project(&self, path: &str) -> FakeProject {
         let mut state = self.state();
         insert_project(&mut state, path, "private")
+    }
+
+    /// Serves `GET /projects/:id/repository/commits` of the project at `path` (its path in
+    /// the group) from the bare repository `dir`, read with the git CLI.
+    pub fn set_repository(&self, path: &str, dir: &std::path::Path) {
+        self.state()
+            .repositories
+            .insert(format!("{GROUP_PATH}/{path}"), dir.to_owned());
     }
 
     /// Every request received so far, in order.
@@ -264,6 +277,9 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Answ
     Ok(match (method.as_str(), segments.as_slice()) {
         ("GET", ["groups", id]) => get_group(&state, &percent_decode(id)),
         ("GET", ["projects", id]) => get_project(&state, &percent_decode(id)),
+        ("GET", ["projects", id, "repository", "commits"]) => {
+            list_commits(&state, &percent_decode(id), &path)
+        }
         ("POST", ["projects"]) => create_project(&mut state, &body),
         _ => not_found_route(),
     })
@@ -291,6 +307,114 @@ fn get_project(state: &State, id: &str) -> Answer {
             json!({"message": "404 Project Not Found"}),
         ),
     }
+}
+
+/// `GET /projects/:id/repository/commits` with GitLab's parameters `ref_name`, `all`,
+/// `per_page` (default 20, at most 100) and `page`, newest first, in GitLab's commit JSON;
+/// `X-Page`, `X-Per-Page` and `X-Next-Page` headers as GitLab sends them. A project without a
+/// repository answers `404 Repository Not Found`, as GitLab does for an empty project.
+fn list_commits(state: &State, id: &str, path_and_query: &str) -> Answer {
+    let Some(project) = state
+        .projects
+        .iter()
+        .find(|p| p.id.to_string() == id || p.path_with_namespace == id)
+        .filter(|_| state.member)
+    else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            json!({"message": "404 Project Not Found"}),
+        );
+    };
+    let params: Vec<(String, String)> = path_and_query
+        .split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+        .collect();
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let per_page: usize = param("per_page")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20)
+        .clamp(1, 100);
+    let page: usize = param("page")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let Some(dir) = state.repositories.get(&project.path_with_namespace) else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            json!({"message": "404 Repository Not Found"}),
+        );
+    };
+    let mut args = vec![
+        "log".to_owned(),
+        "--date-order".to_owned(),
+        format!("--skip={}", (page - 1) * per_page),
+        format!("--max-count={}", per_page + 1),
+        "--format=%H%x00%P%x00%an%x00%ae%x00%aI%x00%cn%x00%ce%x00%cI%x00%B%x1e".to_owned(),
+    ];
+    if param("all") == Some("true") {
+        args.push("--branches".to_owned());
+    } else {
+        args.push(param("ref_name").unwrap_or("main").to_owned());
+    }
+    args.push("--".to_owned());
+    let out = crate::git::git_output(dir, &args);
+    if !out.status.success() {
+        // An unknown ref_name gives an empty list in GitLab.
+        return reply(StatusCode::OK, json!([]));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut commits: Vec<Value> = text
+        .split('\x1e')
+        .map(|record| record.trim_start_matches('\n'))
+        .filter(|record| !record.is_empty())
+        .map(|record| {
+            let f: Vec<&str> = record.splitn(9, '\0').collect();
+            let field = |i: usize| f.get(i).copied().unwrap_or_default();
+            let message = field(8);
+            json!({
+                "id": field(0),
+                "short_id": &field(0)[..8.min(field(0).len())],
+                "created_at": field(7),
+                "parent_ids": field(1).split_whitespace().collect::<Vec<_>>(),
+                "title": message.lines().next().unwrap_or_default(),
+                "message": message,
+                "author_name": field(2),
+                "author_email": field(3),
+                "authored_date": field(4),
+                "committer_name": field(5),
+                "committer_email": field(6),
+                "committed_date": field(7),
+                "trailers": {},
+                "extended_trailers": {},
+                "web_url": format!("{}/{}/-/commit/{}", state.web_base, project.path_with_namespace, field(0)),
+            })
+        })
+        .collect();
+    let has_next = commits.len() > per_page;
+    commits.truncate(per_page);
+    let mut answer = reply(StatusCode::OK, Value::Array(commits));
+    let headers = answer.headers_mut();
+    headers.insert("x-page", page.into());
+    headers.insert("x-per-page", per_page.into());
+    let next = if has_next {
+        (page + 1).to_string()
+    } else {
+        String::new()
+    };
+    headers.insert(
+        "x-next-page",
+        next.parse().expect("a page number is a header value"),
+    );
+    answer
 }
 
 fn create_project(state: &mut State, body: &str) -> Answer {

@@ -4,7 +4,7 @@
 //!
 //! It runs on its own runtime thread, so sync and async tests use it alike. [`GitServer::start_https`]
 //! serves the same over TLS with a fixture certificate for `127.0.0.1`; point a client's
-//! `SSL_CERT_FILE` at [`LOOPBACK_CA_FILE`] to trust it.
+//! `SSL_CERT_FILE` (or git's `GIT_SSL_CAINFO`) at [`LOOPBACK_CA_FILE`] to trust it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -28,10 +28,13 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use cloud_core::http_backend::{self, BoxBody};
 
-/// The self-signed certificate (IP SAN `127.0.0.1`, valid until 2126) the HTTPS server
-/// presents; a test-only throwaway, as is its key beside it.
-pub const LOOPBACK_CA_FILE: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/loopback-cert.pem");
+/// The test CA that signed the HTTPS server's certificate: the file a client trusts. A
+/// test-only throwaway (valid until 2126; its key was discarded), as is the server's key.
+pub const LOOPBACK_CA_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/loopback-ca.pem");
+/// The certificate the HTTPS server presents: an end-entity certificate for the IP
+/// `127.0.0.1`, signed by the CA above. Strict verifiers (webpki, which rustls uses) refuse a
+/// self-signed CA certificate presented as a server's own.
+const LOOPBACK_CERT: &[u8] = include_bytes!("../fixtures/loopback-cert.pem");
 const LOOPBACK_KEY: &[u8] = include_bytes!("../fixtures/loopback-key.pem");
 
 /// One request as the server saw it.
@@ -75,6 +78,9 @@ struct Shared {
     root: PathBuf,
     requests: Mutex<Vec<Recorded>>,
     password: Mutex<Option<String>>,
+    /// `(from, to)` repository names: requests below `/from/` are answered with a 301 to the
+    /// same path below `/to/`.
+    moved: Mutex<Vec<(String, String)>>,
     /// The fault the accept loop has put in force (listener dropped or bound again).
     applied: Mutex<Fault>,
     applied_changed: Condvar,
@@ -96,9 +102,9 @@ impl GitServer {
         Self::start_with(root, None)
     }
 
-    /// The same over HTTPS, with the certificate in [`LOOPBACK_CA_FILE`].
+    /// The same over HTTPS, with a certificate signed by the CA in [`LOOPBACK_CA_FILE`].
     pub fn start_https(root: &Path) -> Self {
-        let cert = CertificateDer::from_pem_file(LOOPBACK_CA_FILE).expect("fixture certificate");
+        let cert = CertificateDer::from_pem_slice(LOOPBACK_CERT).expect("fixture certificate");
         let key = PrivateKeyDer::from_pem_slice(LOOPBACK_KEY).expect("fixture key");
         let config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -117,6 +123,7 @@ impl GitServer {
             root: root.to_owned(),
             requests: Mutex::new(Vec::new()),
             password: Mutex::new(None),
+            moved: Mutex::new(Vec::new()),
             applied: Mutex::new(Fault::None),
             applied_changed: Condvar::new(),
         });
@@ -181,6 +188,16 @@ impl GitServer {
     /// From now on, a request without this basic-auth password gets 401.
     pub fn require_password(&self, password: &str) {
         *self.shared.password.lock().expect("password lock") = Some(password.to_owned());
+    }
+
+    /// From now on, every request below repository `from` (e.g. `old.git`) is answered with
+    /// `301 Moved Permanently` to the same request below `to`, as a renamed project is.
+    pub fn redirect(&self, from: &str, to: &str) {
+        self.shared
+            .moved
+            .lock()
+            .expect("moved lock")
+            .push((from.to_owned(), to.to_owned()));
     }
 
     /// Switches the fault; when this returns, the server behaves the new way (a refused
@@ -345,6 +362,24 @@ async fn handle(shared: &Shared, fault: Fault, req: Request<Incoming>) -> Respon
             return std::future::pending().await;
         }
         Fault::None | Fault::RefuseConnections | Fault::StallMidPack => {}
+    }
+
+    let moved = shared
+        .moved
+        .lock()
+        .expect("moved lock")
+        .iter()
+        .find_map(|(from, to)| {
+            let rest = recorded.path.strip_prefix(&format!("/{from}/"))?;
+            Some(format!("/{to}/{rest}"))
+        });
+    if let Some(location) = moved {
+        let mut resp = plain(StatusCode::MOVED_PERMANENTLY);
+        resp.headers_mut().insert(
+            header::LOCATION,
+            header::HeaderValue::from_str(&location).expect("a valid location"),
+        );
+        return resp;
     }
 
     let required = shared.password.lock().expect("password lock").clone();

@@ -8,6 +8,59 @@ use crate::status::VERSION;
 
 /// At most this many paths are listed in a commit message body.
 const LISTED_PATHS: usize = 20;
+/// At most this many paths are named in a subject line (when they fit on it).
+const LISTED_IN_SUBJECT: usize = 5;
+/// A subject line fits git's one-line views (`git log --oneline`, GitLab's commit list).
+const SUBJECT_WIDTH: usize = 72;
+
+/// The trailer that marks the watcher's commits: `Saved-by: project-watcher/<version>`.
+pub const SAVED_BY_TRAILER: &str = "Saved-by";
+/// The trailer that says what made a watcher commit: `Save-kind: autosave`.
+pub const KIND_TRAILER: &str = "Save-kind";
+
+/// What made a save. The watcher writes the first three into the `Save-kind` trailer; `sync`
+/// (a state pulled in from a push elsewhere) and `other` (a commit a person made) are read
+/// from history, never written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Autosave,
+    Restore,
+    Backup,
+    Sync,
+    Other,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Autosave => "autosave",
+            Self::Restore => "restore",
+            Self::Backup => "backup",
+            Self::Sync => "sync",
+            Self::Other => "other",
+        }
+    }
+
+    /// The kind a `Save-kind` trailer value names.
+    pub fn parse(value: &str) -> Option<Self> {
+        [
+            Self::Autosave,
+            Self::Restore,
+            Self::Backup,
+            Self::Sync,
+            Self::Other,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == value.trim())
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The identity used when the repository configures none.
 const FALLBACK_NAME: &str = "project-watcher";
@@ -46,15 +99,7 @@ pub fn commit_tree(repo: &Repository, tree: Oid) -> Result<Option<Committed>, gi
     let mut opts = DiffOptions::new();
     opts.ignore_submodules(false);
     let diff = repo.diff_tree_to_tree(parent_tree.as_ref(), Some(&new_tree), Some(&mut opts))?;
-    let paths: Vec<String> = diff
-        .deltas()
-        .filter_map(|d| {
-            d.new_file()
-                .path_bytes()
-                .or(d.old_file().path_bytes())
-                .map(show_path)
-        })
-        .collect();
+    let paths = diff_paths(&diff);
     if paths.is_empty() {
         return Ok(None);
     }
@@ -77,17 +122,112 @@ pub fn commit_tree(repo: &Repository, tree: Oid) -> Result<Option<Committed>, gi
     }))
 }
 
-/// `autosave: N files changed`, the first paths, and the `Saved-by` trailer.
+/// `autosave: <what changed>`, the first paths, and the trailers.
 pub fn message(paths: &[String]) -> String {
-    let mut text = format!("autosave: {} files changed\n\n", paths.len());
+    let subject = format!("{}: {}", Kind::Autosave, describe_paths(paths));
+    message_with(&subject, Kind::Autosave, paths, &[])
+}
+
+/// A whole commit message: `subject`, a body listing up to [`LISTED_PATHS`] of `paths`, then
+/// the `Saved-by` trailer, the `Save-kind` trailer and `extra` trailers (`Name: value`).
+pub fn message_with(
+    subject: &str,
+    kind: Kind,
+    paths: &[String],
+    extra: &[(&str, String)],
+) -> String {
+    let mut text = format!("{}\n\n", one_line(subject, SUBJECT_WIDTH));
     for path in paths.iter().take(LISTED_PATHS) {
         let _ = writeln!(text, "{path}");
     }
     if paths.len() > LISTED_PATHS {
         let _ = writeln!(text, "... and {} more", paths.len() - LISTED_PATHS);
     }
-    let _ = write!(text, "\nSaved-by: project-watcher/{VERSION}\n");
+    if !paths.is_empty() {
+        text.push('\n');
+    }
+    let _ = writeln!(text, "{SAVED_BY_TRAILER}: project-watcher/{VERSION}");
+    let _ = writeln!(text, "{KIND_TRAILER}: {kind}");
+    for (name, value) in extra {
+        let _ = writeln!(text, "{name}: {value}");
+    }
     text
+}
+
+/// What changed, for a subject line: the paths when they fit on one line (a single long path
+/// keeps its end: `.../agents/weather.ts`), else the count and the folder they share
+/// (`14 files in src/tools`).
+pub fn describe_paths(paths: &[String]) -> String {
+    let room = SUBJECT_WIDTH - "autosave: ".len();
+    match paths {
+        [] => "no files".to_owned(),
+        [only] => shorten_start(only, room),
+        _ => {
+            let listed = paths.join(", ");
+            if paths.len() <= LISTED_IN_SUBJECT && listed.chars().count() <= room {
+                return listed;
+            }
+            match common_folder(paths) {
+                Some(folder) => {
+                    let head = format!("{} files in ", paths.len());
+                    format!("{head}{}", shorten_start(&folder, room - head.len()))
+                }
+                None => format!("{} files", paths.len()),
+            }
+        }
+    }
+}
+
+/// The deepest folder holding every path, if they share one.
+fn common_folder(paths: &[String]) -> Option<String> {
+    let folders = |p: &String| -> Vec<String> {
+        let mut parts: Vec<String> = p.split('/').map(str::to_owned).collect();
+        parts.pop();
+        parts
+    };
+    let mut common = folders(&paths[0]);
+    for path in &paths[1..] {
+        let other = folders(path);
+        let same = common
+            .iter()
+            .zip(&other)
+            .take_while(|(a, b)| a == b)
+            .count();
+        common.truncate(same);
+    }
+    (!common.is_empty()).then(|| common.join("/"))
+}
+
+/// `text` cut to `width` characters, keeping its end behind `...` (the file name matters most).
+fn shorten_start(text: &str, width: usize) -> String {
+    let count = text.chars().count();
+    if count <= width {
+        return text.to_owned();
+    }
+    let keep = width.saturating_sub(3);
+    let tail: String = text.chars().skip(count - keep).collect();
+    format!("...{tail}")
+}
+
+/// `text` cut to `width` characters, keeping its start.
+fn one_line(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(width.saturating_sub(3)).collect();
+    format!("{head}...")
+}
+
+/// The paths a diff touches, each as one line of text ([`show_path`]).
+pub fn diff_paths(diff: &git2::Diff<'_>) -> Vec<String> {
+    diff.deltas()
+        .filter_map(|d| {
+            d.new_file()
+                .path_bytes()
+                .or(d.old_file().path_bytes())
+                .map(show_path)
+        })
+        .collect()
 }
 
 /// A path as one line of text: quoted like Rust strings when it holds control characters
@@ -106,16 +246,88 @@ mod tests {
     use super::*;
 
     #[test]
-    fn message_lists_twenty_paths_and_ends_with_the_trailer() {
-        let paths: Vec<String> = (0..25).map(|i| format!("f{i}")).collect();
+    fn message_lists_twenty_paths_and_ends_with_the_trailers() {
+        let paths: Vec<String> = (0..25).map(|i| format!("src/tools/f{i}")).collect();
         let m = message(&paths);
-        assert!(m.starts_with("autosave: 25 files changed\n\nf0\n"), "{m}");
+        assert!(
+            m.starts_with("autosave: 25 files in src/tools\n\nsrc/tools/f0\n"),
+            "{m}"
+        );
         assert!(m.contains("f19\n... and 5 more\n"), "{m}");
         assert!(!m.contains("f20"), "{m}");
         assert!(
-            m.ends_with(&format!("\n\nSaved-by: project-watcher/{VERSION}\n")),
+            m.ends_with(&format!(
+                "\n\nSaved-by: project-watcher/{VERSION}\nSave-kind: autosave\n"
+            )),
             "{m}"
         );
+    }
+
+    #[test]
+    fn subjects_name_few_paths_and_count_many() {
+        let check = |paths: &[&str], expected: &str| {
+            let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+            let subject = message(&paths).lines().next().unwrap().to_owned();
+            assert_eq!(subject, expected, "{paths:?}");
+            assert!(subject.chars().count() <= SUBJECT_WIDTH, "{subject}");
+        };
+        check(
+            &["src/agents/weather.ts"],
+            "autosave: src/agents/weather.ts",
+        );
+        check(&["a.ts", "b.ts"], "autosave: a.ts, b.ts");
+        check(&["a", "b", "c"], "autosave: a, b, c");
+        check(&["a", "b", "c", "d", "e"], "autosave: a, b, c, d, e");
+        check(
+            &["src/a", "src/b", "src/c", "src/d", "src/e", "src/f"],
+            "autosave: 6 files in src",
+        );
+        check(
+            &[
+                "src/tools/x/a.ts",
+                "src/tools/b.ts",
+                "src/tools/y/c.ts",
+                "src/tools/d.ts",
+                "src/tools/registry/of/every/tool/e.ts",
+            ],
+            "autosave: 5 files in src/tools",
+        );
+        check(&["a", "b", "c", "d", "e", "f"], "autosave: 6 files");
+        check(
+            &["x/a", "y/b", "y/c", "y/d", "y/e", "y/f"],
+            "autosave: 6 files",
+        );
+        let long = format!("{}/weather.ts", "deep".repeat(30));
+        let subject = message(std::slice::from_ref(&long))
+            .lines()
+            .next()
+            .unwrap()
+            .to_owned();
+        assert!(subject.starts_with("autosave: ..."), "{subject}");
+        assert!(subject.ends_with("deep/weather.ts"), "{subject}");
+        assert_eq!(subject.chars().count(), SUBJECT_WIDTH);
+        let two_long = [format!("{long}1"), format!("{long}2")];
+        check(
+            &[two_long[0].as_str(), two_long[1].as_str()],
+            &format!(
+                "autosave: 2 files in {}",
+                shorten_start(&"deep".repeat(30), SUBJECT_WIDTH - 21)
+            ),
+        );
+    }
+
+    #[test]
+    fn kinds_round_trip_through_the_trailer_value() {
+        for kind in [
+            Kind::Autosave,
+            Kind::Restore,
+            Kind::Backup,
+            Kind::Sync,
+            Kind::Other,
+        ] {
+            assert_eq!(Kind::parse(kind.as_str()), Some(kind));
+        }
+        assert_eq!(Kind::parse("nonsense"), None);
     }
 
     #[test]

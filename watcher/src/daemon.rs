@@ -51,9 +51,9 @@ pub enum DaemonError {
     #[error("push to {remote} failed: {error}")]
     Push { remote: String, error: String },
     #[error(
-        "the project directory {dir} was removed or replaced while the watcher ran; stopping (a watcher started in the new directory saves it)"
+        "the project's repository {git_dir} is gone (the project directory was deleted?); stopping without writing anything there"
     )]
-    ProjectGone { dir: PathBuf },
+    Gone { git_dir: PathBuf },
 }
 
 impl DaemonError {
@@ -61,7 +61,7 @@ impl DaemonError {
     /// gone), 3 for a lock held by another watcher, 1 for everything that went wrong at run time.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::NotARepo { .. } | Self::ProjectGone { .. } => 2,
+            Self::NotARepo { .. } | Self::Gone { .. } => 2,
             Self::Lock(LockError::Held { .. }) => 3,
             _ => 1,
         }
@@ -122,8 +122,35 @@ struct Saved {
 
 type SaveJob = (Changes, oneshot::Sender<Result<Saved, DaemonError>>);
 
+/// Whether the repository is being deleted under us: a part git needs to call it one (`HEAD`,
+/// `objects/`, `refs/`) or the watcher's own folder (made at start, never removed by the
+/// watcher, `restore` or `sync`) has gone. Writing anything then would recreate folders inside
+/// a tree `rm -rf` is deleting, and make it fail.
+fn repository_gone(git_dir: &Path) -> bool {
+    !git_dir.join("HEAD").exists()
+        || !git_dir.join("config").exists()
+        || !git_dir.join("objects").is_dir()
+        || !git_dir.join("refs").is_dir()
+        || !lock::state_dir(git_dir).is_dir()
+}
+
 impl Saver {
+    /// One save; a failure caused by the repository vanishing mid-save is [`DaemonError::Gone`].
     fn save(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
+        let git_dir = self.git_dir.clone();
+        let gone = || DaemonError::Gone {
+            git_dir: git_dir.clone(),
+        };
+        if repository_gone(&git_dir) {
+            return Err(gone());
+        }
+        match self.save_in_repository(changes) {
+            Err(_) if repository_gone(&git_dir) => Err(gone()),
+            result => result,
+        }
+    }
+
+    fn save_in_repository(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
         self.remove_stale_locks();
         let _marker =
@@ -269,6 +296,17 @@ struct Setup {
 fn setup(config: &Config) -> Result<Setup, DaemonError> {
     let (reader, workdir, git_dir) = open(&config.dir)?;
     crate::restore::exclude_env_files(&git_dir)?;
+    // Its absence later means the repository is being deleted (see `repository_gone`).
+    let state = lock::state_dir(&git_dir);
+    match std::fs::create_dir(&state) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+            return Err(DaemonError::Io {
+                path: state,
+                source: e,
+            });
+        }
+        _ => {}
+    }
     let (filter, warnings) = Filter::new(&workdir, &git_dir, excludes_file(&reader));
     watch_stage::report_rule_warnings(&warnings);
     Ok(Setup {
@@ -350,6 +388,9 @@ struct StatusBook {
 
 impl StatusBook {
     fn write(&mut self) {
+        if repository_gone(&self.git_dir) {
+            return;
+        }
         self.status.state = if self.committing {
             State::Committing
         } else if self.save_failed {
@@ -489,6 +530,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     ));
 
     tokio::pin!(shutdown);
+    let mut gone = None;
     loop {
         let retry_at = retry.as_ref().map(|r| r.1);
         let mut changes = tokio::select! {
@@ -515,11 +557,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             () = sleep_until(retry_at), if retry_at.is_some() => Changes::default(),
         };
         if !project.is_still(&workdir) {
-            // A wiped sandbox: nothing here is ours any more, and saving would write into
-            // whatever now stands at this path.
-            let _ = stop_watch.send(());
-            debounce_task.abort();
-            return Err(project_gone(&workdir));
+            // Removed and made again (a re-created sandbox): the git markers may all be there,
+            // but they are not ours, and saving would write into the new project.
+            gone = Some(project_gone(&git_dir));
+            break;
         }
         let mut wait = FIRST_RETRY;
         if let Some((earlier, _, last_wait)) = retry.take() {
@@ -537,6 +578,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 book.status.skipped_files = saved.skipped;
                 record_commit(&mut book, &reader, saved.committed, pusher.as_ref());
             }
+            Err(e @ DaemonError::Gone { .. }) => {
+                gone = Some(e);
+                break;
+            }
             Err(e) => {
                 tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
                 book.save_failed = true;
@@ -549,13 +594,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         book.write();
     }
 
-    tracing::info!("stopping: saving what is pending");
     let _ = stop_watch.send(());
     let _ = watch_task.await;
     debounce_task.abort();
-    if !project.is_still(&workdir) {
-        return Err(project_gone(&workdir));
+    if let Some(gone) = gone {
+        return Err(gone);
     }
+    if !project.is_still(&workdir) {
+        return Err(project_gone(&git_dir));
+    }
+    tracing::info!("stopping: saving what is pending");
     let result = saver.save(Changes::everything()).await;
     book.committing = false;
     book.pending = false;
@@ -604,9 +652,9 @@ impl DirIdentity {
     }
 }
 
-fn project_gone(workdir: &Path) -> DaemonError {
-    DaemonError::ProjectGone {
-        dir: workdir.to_owned(),
+fn project_gone(git_dir: &Path) -> DaemonError {
+    DaemonError::Gone {
+        git_dir: git_dir.to_owned(),
     }
 }
 
@@ -628,7 +676,18 @@ fn record_commit(
     {
         book.status.last_error = None;
     }
-    let Some(c) = committed else { return };
+    let Some(c) = committed else {
+        // A `restore --at` moved HEAD under the repo lock; its commit goes out like our own.
+        let head = head_of(reader);
+        if let Some(p) = pusher
+            && head.is_some()
+            && p.heads
+                .send_if_modified(|h| std::mem::replace(h, head) != head)
+        {
+            book.status.head = head.map(|h| h.to_string());
+        }
+        return;
+    };
     log_commit(&c);
     book.status.head = Some(c.id.to_string());
     book.status.last_commit_at = Some(status::timestamp(SystemTime::now()));

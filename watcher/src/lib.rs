@@ -3,20 +3,24 @@
 //! Data flows one way: `watch -> filter -> debounce -> stage -> commit -> push`, one module
 //! per arrow. See ARCHITECTURE.md for the code map and the invariants.
 
+pub mod at;
 pub mod changes;
 pub mod commit;
 pub mod config;
 pub mod daemon;
 pub mod debounce;
 pub mod filter;
+pub mod history;
 pub mod lock;
 pub mod logging;
 pub mod manifest;
 pub mod push;
 pub mod remote;
 pub mod restore;
+pub mod restore_at;
 pub mod retry;
 pub mod scan;
+mod smart_http;
 pub mod stage;
 pub mod status;
 pub mod sync;

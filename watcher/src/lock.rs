@@ -93,6 +93,8 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         path: path.to_owned(),
         source,
     };
+    // Only the watcher's own folder is made, never `.git` itself: a repository deleted
+    // under a running watcher must not come back as an empty `.git`.
     if let Some(parent) = path.parent() {
         create_state_dir(parent).map_err(io_err)?;
     }

@@ -4,13 +4,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
 use project_watcher::config::{self, Config, LogFormat};
 use project_watcher::daemon;
+use project_watcher::history;
 use project_watcher::remote::{self, RemoteSettings};
 use project_watcher::restore::{self, Restored};
+use project_watcher::restore_at;
 use project_watcher::sync::{self, SyncSettings};
 
 #[derive(Parser)]
@@ -33,8 +35,13 @@ enum Command {
     /// Print what the running watcher is doing.
     Status(StatusArgs),
     /// Make the working tree exactly the remote branch (a fresh sandbox). Ignored files stay;
-    /// with no remote branch yet (a new user) nothing changes.
-    Restore(RemoteArgs),
+    /// with no remote branch yet (a new user) nothing changes. With --at: go back to an
+    /// earlier save (the whole tree, or only --path), as a new save on top.
+    Restore(RestoreArgs),
+    /// List the saves, newest first.
+    History(HistoryArgs),
+    /// Print what one save changed: a stat and the patch.
+    Show(ShowArgs),
     /// Bring the project to the remote branch after a push from elsewhere: back up unsaved
     /// work, stop, pull, reinstall dependencies if needed, start.
     Sync(SyncArgs),
@@ -64,6 +71,52 @@ impl RemoteArgs {
             token: remote::token_from_env(),
         }
     }
+}
+
+#[derive(Args)]
+struct RestoreArgs {
+    #[command(flatten)]
+    project: RemoteArgs,
+    /// Go back to this save: a commit id or unique prefix, an RFC 3339 time, or a duration
+    /// ago (`10m`, `2h`), meaning the newest save at or before then. Local only: no fetch.
+    #[arg(long)]
+    at: Option<String>,
+    /// Restore only this path (a file or a folder, from the project's top); repeatable.
+    #[arg(long = "path", requires = "at")]
+    paths: Vec<PathBuf>,
+    /// With --at: print the result as JSON.
+    #[arg(long, requires = "at")]
+    json: bool,
+    /// With --at: unsaved files larger than this are not saved first (as `watch` leaves
+    /// them out); they stay on disk.
+    #[arg(long, requires = "at", default_value = "50MiB", value_parser = config::parse_size)]
+    max_file_size: u64,
+}
+
+#[derive(Args)]
+struct HistoryArgs {
+    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    dir: PathBuf,
+    /// The remote whose branches say what was pushed.
+    #[arg(long, env = "PROJECT_REMOTE", default_value = config::DEFAULT_REMOTE)]
+    remote: String,
+    /// At most this many saves.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    /// Only saves that changed this path (a file, or anything under a folder).
+    #[arg(long)]
+    path: Option<PathBuf>,
+    /// One JSON array: commit, time, kind, files, pushed, subject (and ref for backups).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ShowArgs {
+    /// The save: a commit id or unique prefix, an RFC 3339 time, or a duration ago.
+    rev: String,
+    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    dir: PathBuf,
 }
 
 #[derive(Args)]
@@ -148,7 +201,12 @@ fn main() -> ExitCode {
             with_config(args, |config| runtime()?.block_on(daemon::once(config)))
         }
         Command::Status(args) => status(args),
-        Command::Restore(args) => restore_command(args),
+        Command::Restore(args) => match &args.at {
+            Some(at) => restore_at_command(&args, at),
+            None => restore_command(args.project),
+        },
+        Command::History(args) => history_command(args),
+        Command::Show(args) => show_command(args),
         Command::Sync(args) => sync_command(args),
     }
 }
@@ -171,6 +229,90 @@ fn restore_command(args: RemoteArgs) -> ExitCode {
     }
 }
 
+fn restore_at_command(args: &RestoreArgs, at: &str) -> ExitCode {
+    let done = restore_at::restore_at(
+        &args.project.dir,
+        at,
+        &args.paths,
+        args.max_file_size,
+        SystemTime::now(),
+    );
+    match done {
+        Ok(done) if args.json => print_json(&done),
+        Ok(done) => {
+            if let Some(saved) = done.saved_first {
+                println!("saved unsaved edits first as {}", short(saved));
+            }
+            let from = short(done.from);
+            match done.commit {
+                Some(commit) => println!(
+                    "restored {} file(s) as at {from} ({}); new save {}",
+                    done.files.len(),
+                    done.from_time,
+                    short(commit)
+                ),
+                None => println!(
+                    "nothing to restore: already as at {from} ({})",
+                    done.from_time
+                ),
+            }
+            if done.commit.is_some() && !done.watcher_running {
+                println!("no watcher is running here: `project-watcher once` pushes the new save");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e, e.is_usage()),
+    }
+}
+
+fn history_command(args: HistoryArgs) -> ExitCode {
+    let query = history::Query {
+        limit: args.limit,
+        path: args.path,
+        remote: args.remote,
+    };
+    match history::open(&args.dir).and_then(|repo| history::history(&repo, &query)) {
+        Ok(entries) if args.json => print_json(&entries),
+        Ok(entries) => emit(&history::render(&entries)),
+        Err(e) => fail(&e, e.is_usage()),
+    }
+}
+
+fn show_command(args: ShowArgs) -> ExitCode {
+    match history::open(&args.dir).and_then(|repo| history::show(&repo, &args.rev)) {
+        Ok(text) => emit(&text),
+        Err(e) => fail(&e, e.is_usage()),
+    }
+}
+
+/// One line on stderr; exit 2 for bad input, 1 for a failure.
+fn fail(e: &dyn std::fmt::Display, usage: bool) -> ExitCode {
+    eprintln!("project-watcher: {e}");
+    ExitCode::from(if usage { 2 } else { 1 })
+}
+
+fn print_json(value: &impl serde::Serialize) -> ExitCode {
+    match serde_json::to_string_pretty(value) {
+        Ok(json) => emit(&format!("{json}\n")),
+        Err(e) => fail(&e, false),
+    }
+}
+
+/// Writes `text` to stdout; a reader that went away (`history | head`) is not an error.
+fn emit(text: &str) -> ExitCode {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => fail(&e, false),
+    }
+}
+
+fn short(id: git2::Oid) -> String {
+    id.to_string()[..7].to_owned()
+}
+
 fn sync_command(args: SyncArgs) -> ExitCode {
     project_watcher::logging::init(LogFormat::Auto);
     let settings = SyncSettings {
@@ -185,6 +327,7 @@ fn sync_command(args: SyncArgs) -> ExitCode {
             tracing::info!(
                 commit = ?report.commit.map(|c| c.to_string()),
                 backup = ?report.backup_ref,
+                backup_pushed = ?report.backup_pushed,
                 installed_with = ?report.installed_with,
                 "sync done"
             );

@@ -9,16 +9,16 @@
 //! `refs/heads/recovery/<UTC timestamp>` and later heads follow them there, until the local
 //! branch contains the remote one again (after a sync); then normal pushes resume.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use git2::{FetchOptions, Oid, PushOptions, Repository};
+use git2::{Oid, PushOptions, Repository};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::lock::{self, WorkMarker};
-use crate::remote::{self, RemoteSettings};
+use crate::remote::RemoteSettings;
 use crate::retry::{self, Backoff, FailureKind};
 
 /// What the pusher tells the daemon. Messages never contain the token.
@@ -334,6 +334,17 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// One push of `head` to `dst` (a full ref name), without retries or force: `sync` sends its
+/// backups this way. The error is a message for people (no token, no URL credentials).
+pub fn push_once(settings: &RemoteSettings, head: Oid, dst: &str) -> Result<(), String> {
+    crate::transport::init(crate::transport::DEFAULT_NETWORK_TIMEOUT);
+    GitRemote {
+        settings: settings.clone(),
+    }
+    .push(head, dst)
+    .map_err(|f| f.message)
+}
+
 /// `refs/heads/recovery/20261129T231500Z`: a valid ref name (no `:`), sortable by time.
 pub fn recovery_ref_name(at: SystemTime) -> String {
     let stamp: String = humantime::format_rfc3339_seconds(at)
@@ -420,6 +431,18 @@ impl GitRemote {
         text
     }
 
+    /// A failed fetch or push, classified. A 401 with no token to send means the token is
+    /// missing, not refused.
+    fn network_failure(&self, url: &str, e: &git2::Error) -> PushFailure {
+        let status = retry::http_status_in(e.message());
+        let no_token = self.settings.token.is_none() && status == Some(401);
+        let kind = retry::classify_git_error(e.code(), e.class(), e.message());
+        PushFailure {
+            kind,
+            message: self.describe(kind, url, e.message(), no_token),
+        }
+    }
+
     /// A failure message that says what happened and what to do.
     fn describe(&self, kind: FailureKind, url: &str, detail: &str, no_token: bool) -> String {
         let remote = &self.settings.remote;
@@ -458,11 +481,10 @@ impl Remote for GitRemote {
             .or_else(|| remote.url().ok())
             .unwrap_or("")
             .to_owned();
-        let asked = Cell::new(0);
         let refused: RefCell<Vec<(String, String)>> = RefCell::new(Vec::new());
         let said = RefCell::new(String::new());
         let result = {
-            let mut callbacks = remote::credentials(self.settings.token.as_deref(), &asked);
+            let mut callbacks = git2::RemoteCallbacks::new();
             callbacks.push_update_reference(|refname, status| {
                 if let Some(message) = status {
                     refused
@@ -480,20 +502,12 @@ impl Remote for GitRemote {
             });
             let mut options = PushOptions::new();
             options.remote_callbacks(callbacks);
-            remote.push(&[format!("{head}:{dst}")], Some(&mut options))
+            crate::transport::with_token(self.settings.token.as_deref(), || {
+                remote.push(&[format!("{head}:{dst}")], Some(&mut options))
+            })
         };
         if let Err(e) = result {
-            let no_token = self.settings.token.is_none() && asked.get() > 0;
-            let kind = retry::classify_git_error(
-                e.code(),
-                e.class(),
-                e.message(),
-                asked.get() > 1 || no_token,
-            );
-            return Err(PushFailure {
-                kind,
-                message: self.describe(kind, &url, e.message(), no_token),
-            });
+            return Err(self.network_failure(&url, &e));
         }
         if let Some((refname, message)) = refused.into_inner().into_iter().next() {
             let kind = retry::classify_ref_rejection(&message);
@@ -529,40 +543,19 @@ impl Remote for GitRemote {
     fn fetch_branch_tip(&self) -> Result<Oid, PushFailure> {
         let repo = self.open()?;
         let _marker = self.begin(&repo);
-        let mut remote = self.find_remote(&repo)?;
-        let url = remote.url().unwrap_or("").to_owned();
-        let asked = Cell::new(0);
-        let tracking = self.tracking_ref();
-        let result = {
-            let mut options = FetchOptions::new();
-            options
-                .remote_callbacks(remote::credentials(self.settings.token.as_deref(), &asked))
-                .download_tags(git2::AutotagOption::None);
-            remote.fetch(
-                &[format!("+refs/heads/{}:{tracking}", self.settings.branch)],
-                Some(&mut options),
-                None,
-            )
-        };
-        result.map_err(|e| {
-            let no_token = self.settings.token.is_none() && asked.get() > 0;
-            let kind = retry::classify_git_error(
-                e.code(),
-                e.class(),
-                e.message(),
-                asked.get() > 1 || no_token,
-            );
-            PushFailure {
-                kind,
-                message: self.describe(kind, &url, e.message(), no_token),
+        let url = self.find_remote(&repo)?.url().unwrap_or("").to_owned();
+        let tip = crate::restore::fetch_branch(&repo, &self.settings).map_err(|e| match e {
+            crate::restore::RestoreError::Fetch { source, .. } => {
+                self.network_failure(&url, &source)
             }
+            other => PushFailure {
+                kind: FailureKind::Local,
+                message: other.to_string(),
+            },
         })?;
-        repo.refname_to_id(&tracking).map_err(|e| PushFailure {
+        tip.ok_or_else(|| PushFailure {
             kind: FailureKind::Local,
-            message: format!(
-                "the remote branch vanished after a rejected push: {}",
-                e.message()
-            ),
+            message: "the remote branch vanished after a rejected push".to_owned(),
         })
     }
 

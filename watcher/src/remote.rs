@@ -1,10 +1,7 @@
-//! Which remote the watcher talks to, with which token, and how it answers the server's
-//! basic-auth challenge: shared by `push`, `restore` and `sync`.
+//! Which remote the watcher talks to and with which token: shared by `push`, `restore` and
+//! `sync`. The token reaches the HTTP requests through [`crate::transport::with_token`].
 
-use std::cell::Cell;
 use std::path::PathBuf;
-
-use git2::{Cred, CredentialType, RemoteCallbacks};
 
 /// The env var holding the basic-auth password. Never a flag: flags show up in `ps`.
 pub const TOKEN_ENV: &str = "PROJECT_TOKEN";
@@ -32,29 +29,4 @@ impl std::fmt::Debug for RemoteSettings {
 /// The token from the environment; an empty value counts as none.
 pub fn token_from_env() -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty())
-}
-
-/// Callbacks that answer the basic-auth challenge once with `token`. libgit2 asks again after
-/// a 401, and answering again would only repeat a refused token (GitLab bans an address after
-/// repeated failures). `asked` counts the challenges, so a caller can tell a refused token
-/// (asked more than once) from a network failure.
-pub fn credentials<'a>(token: Option<&'a str>, asked: &'a Cell<u32>) -> RemoteCallbacks<'a> {
-    let mut callbacks = RemoteCallbacks::new();
-    callbacks.credentials(move |_url, username, allowed| {
-        asked.set(asked.get() + 1);
-        match token {
-            Some(token)
-                if asked.get() == 1 && allowed.contains(CredentialType::USER_PASS_PLAINTEXT) =>
-            {
-                Cred::userpass_plaintext(username.unwrap_or("project-watcher"), token)
-            }
-            Some(_) => Err(git2::Error::from_str(
-                "the remote refused PROJECT_TOKEN (authentication failed)",
-            )),
-            None => Err(git2::Error::from_str(
-                "the remote asks for credentials and PROJECT_TOKEN is not set",
-            )),
-        }
-    });
-    callbacks
 }

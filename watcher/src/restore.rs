@@ -14,7 +14,7 @@ use git2::build::CheckoutBuilder;
 use git2::{AutotagOption, FetchOptions, Oid, Repository, Status, StatusOptions};
 
 use crate::lock::{LockError, RepoLock};
-use crate::remote::{self, RemoteSettings};
+use crate::remote::RemoteSettings;
 
 /// What a restore did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,18 +105,17 @@ pub(crate) fn fetch_branch(
     })?;
     let remote_ref = format!("refs/heads/{}", settings.branch);
     let tracking_ref = format!("refs/remotes/{}/{}", settings.remote, settings.branch);
-    let asked = std::cell::Cell::new(0);
     let mut options = FetchOptions::new();
-    options
-        .remote_callbacks(remote::credentials(settings.token.as_deref(), &asked))
-        .download_tags(AutotagOption::None);
-    remote
-        .fetch(
+    options.download_tags(AutotagOption::None);
+    crate::transport::init(crate::transport::DEFAULT_NETWORK_TIMEOUT);
+    crate::transport::with_token(settings.token.as_deref(), || {
+        remote.fetch(
             &[format!("+{remote_ref}:{tracking_ref}")],
             Some(&mut options),
             None,
         )
-        .map_err(fetch_err)?;
+    })
+    .map_err(fetch_err)?;
     // The advertisement, not the tracking ref, says whether the branch exists now: a tracking
     // ref left from an earlier fetch may point at a branch that is gone.
     let advertised = remote

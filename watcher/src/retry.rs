@@ -105,15 +105,15 @@ pub fn http_status_in(message: &str) -> Option<u16> {
     rest.get(..3)?.parse().ok()
 }
 
-/// What kind of failure a libgit2 push error is. `credentials_failed` says whether our
-/// credentials callback declined in this attempt (a second challenge, or no token to answer with).
+/// What kind of failure a libgit2 fetch or push error is. The watcher's HTTP transport words
+/// an HTTP failure as libgit2's own does (`unexpected http status code: 401`), so the status
+/// decides; a refused or missing token is a 401.
 pub fn classify_git_error(
     code: git2::ErrorCode,
     class: git2::ErrorClass,
     message: &str,
-    credentials_failed: bool,
 ) -> FailureKind {
-    if credentials_failed || code == git2::ErrorCode::Auth {
+    if code == git2::ErrorCode::Auth {
         return FailureKind::Auth;
     }
     if code == git2::ErrorCode::NotFastForward {
@@ -228,9 +228,9 @@ mod tests {
 
     #[test]
     fn git_errors_are_classified() {
-        let check = |code, class, message: &str, refused, expected| {
+        let check = |code, class, message: &str, expected| {
             assert_eq!(
-                classify_git_error(code, class, message, refused),
+                classify_git_error(code, class, message),
                 expected,
                 "{message}"
             );
@@ -240,77 +240,62 @@ mod tests {
             E::GenericError,
             C::Net,
             "failed to connect to 127.0.0.1: Connection refused",
-            false,
             Network,
         );
         check(
             E::GenericError,
             C::Net,
             "could not read from socket: timed out",
-            false,
             Network,
         );
-        check(
-            E::GenericError,
-            C::Os,
-            "failed to resolve address",
-            false,
-            Network,
-        );
+        check(E::GenericError, C::Os, "failed to resolve address", Network);
         check(
             E::GenericError,
             C::Http,
             "unexpected http status code: 500",
-            false,
             Server,
         );
         check(
             E::GenericError,
             C::Http,
             "unexpected http status code: 503",
-            false,
             Server,
         );
         check(
             E::GenericError,
             C::Http,
             "unexpected http status code: 403",
-            false,
             Auth,
         );
         check(
             E::GenericError,
             C::Http,
             "unexpected http status code: 404",
-            false,
             Rejected,
         );
+        check(E::Auth, C::Http, "unexpected authentication failure", Auth);
         check(
-            E::Auth,
-            C::Http,
-            "unexpected authentication failure",
-            false,
+            E::GenericError,
+            C::Net,
+            "unexpected http status code: 401 (the credentials were refused)",
             Auth,
         );
         check(
-            E::User,
-            C::Callback,
-            "the remote refused PROJECT_TOKEN",
-            true,
-            Auth,
+            E::GenericError,
+            C::Net,
+            "timed out: the server did not answer within 30s",
+            Network,
         );
         check(
             E::NotFastForward,
             C::Reference,
             "cannot push non-fastforwardable reference",
-            false,
             NonFastForward,
         );
         check(
             E::NotFound,
             C::Config,
             "remote 'project' does not exist",
-            false,
             Local,
         );
     }

@@ -128,6 +128,9 @@ impl SyncError {
 pub struct SyncReport {
     /// The ref holding the work the remote did not have, if there was any.
     pub backup_ref: Option<String>,
+    /// The remote branch (`refs/heads/recovery/<stamp>`) the backup was pushed to, so it
+    /// outlives the sandbox; `None` when there was no backup or the push failed.
+    pub backup_pushed: Option<String>,
     /// The commit the tree now holds; `None` when the remote has no such branch yet.
     pub commit: Option<Oid>,
     /// The install command that ran, if dependencies changed.
@@ -160,8 +163,10 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
     let snapshot = snapshot_worktree(&repo).map_err(|e| SyncError::new(Step::Backup, e))?;
     let backup_ref = back_up_unsaved_work(&repo, &snapshot, remote_tip, SystemTime::now())
         .map_err(|e| SyncError::new(Step::Backup, e))?;
+    let mut backup_pushed = None;
     if let Some(name) = &backup_ref {
         tracing::info!(backup = %name, "saved work the remote does not have");
+        backup_pushed = push_backup(&repo, restore_settings, name);
     }
 
     let workdir = &restore_settings.workdir;
@@ -172,6 +177,9 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
     if let Some(tip) = remote_tip {
         restore::reset_to(&repo, &restore_settings.branch, tip)
             .map_err(|e| SyncError::from_restore(Step::Restore, e))?;
+        if let Err(e) = crate::history::record_synced(repo.path(), tip) {
+            tracing::warn!("cannot record the synced commit for `history`: {e}");
+        }
         let changed = dependencies_changed(&repo, snapshot.tree, tip)
             .map_err(|e| SyncError::new(Step::Install, e.to_string()))?;
         let install = settings.install_cmd.clone().or_else(|| {
@@ -196,6 +204,7 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
     }
     Ok(SyncReport {
         backup_ref,
+        backup_pushed,
         commit: remote_tip,
         installed_with,
     })
@@ -230,9 +239,15 @@ fn snapshot_worktree(repo: &Repository) -> Result<Snapshot, String> {
                 .map_err(git_err)?;
             let parents: Vec<_> = head.iter().collect();
             let tree_obj = repo.find_tree(tree).map_err(git_err)?;
-            let message = format!(
-                "backup: unsaved work before sync\n\nSaved-by: project-watcher/{}\n",
-                crate::status::VERSION
+            let paths = changed_paths(repo, head.as_ref(), tree).map_err(git_err)?;
+            let message = crate::commit::message_with(
+                &format!(
+                    "backup: unsaved work before sync ({})",
+                    crate::commit::describe_paths(&paths)
+                ),
+                crate::commit::Kind::Backup,
+                &paths,
+                &[],
             );
             Some(
                 repo.commit(None, &signature, &signature, &message, &tree_obj, &parents)
@@ -241,6 +256,21 @@ fn snapshot_worktree(repo: &Repository) -> Result<Snapshot, String> {
         }
     };
     Ok(Snapshot { tree, commit })
+}
+
+/// The paths `tree` changes against `head` (all of them without a head).
+fn changed_paths(
+    repo: &Repository,
+    head: Option<&git2::Commit<'_>>,
+    tree: Oid,
+) -> Result<Vec<String>, git2::Error> {
+    let old = head.map(|h| h.tree()).transpose()?;
+    let new = repo.find_tree(tree)?;
+    Ok(crate::commit::diff_paths(&repo.diff_tree_to_tree(
+        old.as_ref(),
+        Some(&new),
+        None,
+    )?))
 }
 
 fn empty_tree(repo: &Repository) -> Result<Oid, git2::Error> {
@@ -279,6 +309,31 @@ fn back_up_unsaved_work(
         .map_err(git_err)?;
     prune_backups(repo, BACKUPS_KEPT).map_err(git_err)?;
     Ok(Some(name))
+}
+
+/// Pushes a backup to `refs/heads/recovery/<stamp>` on the remote (a wiped sandbox takes its
+/// own refs with it) and records it as `refs/remotes/<remote>/recovery/<stamp>`. A failed
+/// push is a warning: the backup stays in this repository, and the sync goes on.
+fn push_backup(repo: &Repository, settings: &RemoteSettings, backup_ref: &str) -> Option<String> {
+    let stamp = backup_ref.trim_start_matches(BACKUP_REF_PREFIX);
+    let branch = format!("refs/heads/recovery/{stamp}");
+    let commit = repo.refname_to_id(backup_ref).ok()?;
+    match crate::push::push_once(settings, commit, &branch) {
+        Ok(()) => {
+            let tracking = format!("refs/remotes/{}/recovery/{stamp}", settings.remote);
+            if let Err(e) =
+                repo.reference(&tracking, commit, true, "project-watcher: backup pushed")
+            {
+                tracing::warn!("cannot record the pushed backup locally: {e}");
+            }
+            tracing::info!(branch = %branch, "pushed the backup to the remote");
+            Some(branch)
+        }
+        Err(e) => {
+            tracing::warn!(backup = %backup_ref, "cannot push the backup; it stays in this repository only: {e}");
+            None
+        }
+    }
 }
 
 /// `20261129T230046Z`: ISO 8601 basic format, a valid ref name that sorts by time.

@@ -393,3 +393,123 @@ async fn shutdown_pushes_the_newest_head_once_and_is_bounded_when_the_server_sta
         started.elapsed()
     );
 }
+
+/// Incompressible bytes, so a pack holding them is as large as they are.
+fn noise(len: usize, mut seed: u64) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(len + 8);
+    while bytes.len() < len {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        bytes.extend_from_slice(&seed.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_reading_mid_pack_times_out_and_the_pack_arrives_later() {
+    let mut w = World::new(None);
+    w.server.set_fault(Fault::StallMidPack);
+    std::fs::write(w.work.join("big.bin"), noise(8 << 20, 7)).unwrap();
+    let head = w.commit("a.txt", "with a big file\n");
+    let (error, retry_in) = w.failure().await;
+    assert!(error.contains("timed out"), "{error}");
+    assert!(retry_in <= Duration::from_secs(30), "{retry_in:?}");
+    w.server.set_fault(Fault::None);
+    w.until_pushed(head).await;
+    assert_eq!(
+        git(&w.bare, ["rev-parse", "main:big.bin"]),
+        git(&w.work, ["rev-parse", "main:big.bin"])
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_within_the_server_is_followed_with_the_token() {
+    let mut w = World::with_remote(Some(TOKEN), |server, _| server.url("old.git"));
+    w.server.require_password(TOKEN);
+    w.server.redirect("old.git", "r.git");
+    let head = w.commit("a.txt", "moved\n");
+    w.until_pushed(head).await;
+    assert_eq!(w.remote_rev("main"), Some(head.to_string()));
+    let requests: Vec<_> = w
+        .server
+        .requests()
+        .into_iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            "GET /old.git/info/refs?service=git-receive-pack",
+            "GET /r.git/info/refs?service=git-receive-pack",
+            "POST /r.git/git-receive-pack",
+        ],
+        "the POST goes where the advertisement was found"
+    );
+    w.shutdown().await;
+}
+
+/// A plain TCP server that answers every request with `response` and records the request
+/// heads; it serves at most `limit` connections.
+fn canned_server(response: String, limit: usize) -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (heads, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(limit) {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            while reader.read_line(&mut head).is_ok_and(|n| n > 2) {}
+            let _ = heads.send(head);
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    (url, received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_another_origin_is_refused_and_the_token_stays_home() {
+    let (elsewhere, _) = canned_server(String::new(), 0);
+    let (url, heads) = canned_server(
+        format!(
+            "HTTP/1.1 302 Found\r\nLocation: {elsewhere}/r.git/info/refs?service=git-receive-pack\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+        4,
+    );
+    let mut w = World::with_remote(Some(TOKEN), |_, _| format!("{url}/r.git"));
+    w.commit("a.txt", "a\n");
+    let (error, _) = w.failure().await;
+    assert!(error.contains("redirected to another origin"), "{error}");
+    assert!(!error.contains(TOKEN), "{error}");
+    let head = heads.recv_timeout(WAIT).unwrap();
+    assert!(
+        head.starts_with("GET /r.git/info/refs?service=git-receive-pack "),
+        "{head}"
+    );
+    assert!(heads.try_recv().is_err(), "one request, not followed");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_git_is_refused_with_a_clear_error() {
+    let page = "<html>sign in</html>";
+    let (url, _) = canned_server(
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+            page.len()
+        ),
+        4,
+    );
+    let mut w = World::with_remote(None, |_, _| format!("{url}/r.git"));
+    w.commit("a.txt", "a\n");
+    let (error, _) = w.failure().await;
+    assert!(
+        error.contains("not a git smart-HTTP server") && error.contains("text/html"),
+        "{error}"
+    );
+    w.shutdown().await;
+}

@@ -489,13 +489,23 @@ fn https_remotes_work_with_the_system_trust_settings() {
     init_repo(&work);
     git(&work, ["remote", "add", "project", &server.url("user.git")]);
     fs::write(work.join("a.txt"), "over TLS\n").unwrap();
+    // Incompressible and larger than any buffer on the way: the pack streams through TLS.
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    let big: Vec<u8> = (0..(3 << 20) / 8)
+        .flat_map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed.to_le_bytes()
+        })
+        .collect();
+    fs::write(work.join("big.bin"), &big).unwrap();
     let home = tmp.path().join("home");
     fs::create_dir_all(&home).unwrap();
-    let once = |ca_file: Option<&str>| {
+    let run = |command: &str, dir: &Path, ca_file: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_project-watcher"));
-        cmd.args(["once", "--dir"])
-            .arg(&work)
-            .args(["--log-format", "json"])
+        cmd.args([command, "--dir"])
+            .arg(dir)
             .env("PROJECT_TOKEN", TOKEN)
             .env_remove("SSL_CERT_DIR");
         for (k, v) in hermetic_env(&home) {
@@ -507,6 +517,7 @@ fn https_remotes_work_with_the_system_trust_settings() {
         };
         cmd.output().unwrap()
     };
+    let once = |ca_file| run("once", &work, ca_file);
 
     let untrusted = once(None);
     let said = String::from_utf8_lossy(&untrusted.stderr);
@@ -525,12 +536,42 @@ fn https_remotes_work_with_the_system_trust_settings() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(git(&bare, ["show", "main:a.txt"]), "over TLS\n");
+    assert_eq!(
+        git(&bare, ["rev-parse", "main:big.bin"]),
+        git(&work, ["hash-object", "big.bin"])
+    );
+
+    // And back: a restore fetches the pack through TLS into a fresh clone of the template.
+    let sandbox = tmp.path().join("sandbox");
+    init_repo(&sandbox);
+    git(
+        &sandbox,
+        ["remote", "add", "project", &server.url("user.git")],
+    );
+    let out = run(
+        "restore",
+        &sandbox,
+        Some(testkit::git_server::LOOPBACK_CA_FILE),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(sandbox.join("big.bin")).unwrap(), big);
+    assert_eq!(tree_of_add_all(&sandbox), tree_of(&bare, "main").unwrap());
+
     let tag = format!("project-watcher/{}", env!("CARGO_PKG_VERSION"));
+    let requests = server.requests();
     assert!(
-        server.requests().iter().all(|r| r
-            .user_agent
-            .as_deref()
-            .unwrap_or_default()
-            .contains(&tag))
+        requests
+            .iter()
+            .any(|r| r.path.ends_with("/git-upload-pack"))
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.user_agent.as_deref().unwrap_or_default().contains(&tag))
     );
 }

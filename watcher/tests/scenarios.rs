@@ -31,7 +31,7 @@ fn start_up_commits_uncommitted_work_and_an_empty_manifest() {
     );
     let message = repo.git(&["log", "-1", "--format=%B"]);
     assert!(
-        message.starts_with("autosave: 3 files changed\n"),
+        message.starts_with("autosave: new/file.txt, shmastra.json, tracked.txt\n"),
         "{message}"
     );
     assert!(
@@ -109,7 +109,7 @@ fn a_thousand_edits_become_one_commit() {
     assert_eq!(repo.commit_count(), before + 1);
     let message = repo.git(&["log", "-1", "--format=%B"]);
     assert!(
-        message.starts_with("autosave: 1000 files changed\n"),
+        message.starts_with("autosave: 1000 files in src\n"),
         "{message}"
     );
     assert!(message.contains("... and 980 more"), "{message}");
@@ -373,7 +373,7 @@ fn check_project_removed(remake: bool) {
     });
 
     let err = daemon.join().unwrap_err();
-    assert!(matches!(err, DaemonError::ProjectGone { .. }), "{err}");
+    assert!(matches!(err, DaemonError::Gone { .. }), "{err}");
     assert_eq!(err.exit_code(), 2, "a supervisor must not restart it there");
     if remake {
         let names: Vec<_> = fs::read_dir(&repo.dir)

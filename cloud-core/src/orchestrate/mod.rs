@@ -7,6 +7,7 @@
 //! bounded recovery around every step.
 
 pub mod coalesce;
+pub mod history;
 pub mod lifecycle;
 pub mod recovery;
 
@@ -211,6 +212,8 @@ impl Provisioned {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SandboxStatus {
     Syncing,
+    /// Going back to an earlier save ([`Orchestrator::restore_to`]).
+    Restoring,
     Ready,
     /// The sync failed; `failure` is the failure file (step, message, output tail).
     Broken {
