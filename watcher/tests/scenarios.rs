@@ -389,6 +389,38 @@ fn check_project_removed(remake: bool) {
     }
 }
 
+/// The project replaced in one step by another repository, complete with git's markers and
+/// the watcher's state folder (a sandbox re-created at the same path between two saves): only
+/// the directory's identity tells the watcher, which stops without saving into the new one.
+#[test]
+fn a_project_replaced_by_another_repository_stops_the_watcher_without_saving_there() {
+    let repo = Repo::new();
+    repo.write("a.txt", "a\n");
+    let daemon = Daemon::start(&repo, repo.config());
+    repo.wait_saved();
+    let other = repo.dir.with_file_name("other");
+    testkit::git::init_repo(&other);
+    fs::write(other.join("b.txt"), "b\n").unwrap();
+    git(&other, ["add", "-A"]);
+    git(&other, ["commit", "-qm", "the new sandbox's"]);
+    fs::create_dir(other.join(".git/project-watcher")).unwrap();
+    let head = git(&other, ["rev-parse", "HEAD"]);
+
+    until(PATIENCE, "the project to be removed", || {
+        fs::remove_dir_all(&repo.dir).ok()
+    });
+    fs::rename(&other, &repo.dir).unwrap();
+    until(PATIENCE, "the watcher to stop", || {
+        daemon.finished().then_some(())
+    });
+
+    let err = daemon.join().unwrap_err();
+    assert!(matches!(err, DaemonError::Gone { .. }), "{err}");
+    assert_eq!(git(&repo.dir, ["rev-parse", "HEAD"]), head);
+    assert_eq!(git(&repo.dir, ["status", "--porcelain"]), "");
+    assert!(!repo.dir.join("shmastra.json").exists());
+}
+
 #[test]
 fn a_project_removed_under_the_watcher_stops_it() {
     check_project_removed(false);
