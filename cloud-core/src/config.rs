@@ -187,7 +187,7 @@ mod tests {
             (SERVICE_TOKEN_ENV, "glpat-x"),
             (GROUP_ID_ENV, "42"),
             (API_URL_ENV, "https://git.example.com/gitlab/api/v4"),
-            (TOKEN_SECRET_ENV, &"s".repeat(32)),
+            (TOKEN_SECRET_ENV, "0123456789abcdef0123456789abcdef"),
         ])
         .unwrap()
         .unwrap();

@@ -77,6 +77,10 @@ pub enum GitLabError {
         "project path {path} is taken, but the project cannot be read (pending deletion, or a name clash): GitLab said: {body}"
     )]
     PathTaken { path: String, body: String },
+    #[error(
+        "GitLab answered project {found} when asked for {asked}: project paths resolve case-insensitively, so this is another tenant's project; no git traffic goes to it"
+    )]
+    ProjectMismatch { asked: String, found: String },
     #[error("GITLAB_SERVICE_TOKEN contains characters that cannot be sent in an HTTP header")]
     InvalidServiceToken,
     #[error(
@@ -322,10 +326,15 @@ impl GitLab {
         let full_path = format!("{}/{}", group.full_path, user);
         if let Some(project) = self.find_project(&full_path).await? {
             tracing::debug!(user = %user, project_id = project.id, "GitLab project exists");
-            return Ok(self.remember(user, project));
+            return self.remember(user, &full_path, project);
         }
         let project = self.create_project(&group, user, &full_path).await?;
-        Ok(self.remember(user, project))
+        self.remember(user, &full_path, project)
+    }
+
+    /// The full path of the group that holds the user projects, as GitLab spells it.
+    pub async fn group_path(&self) -> Result<String, GitLabError> {
+        Ok(self.group().await?.full_path)
     }
 
     /// The user's project from this client's cache, else [`GitLab::ensure_user_project`]: the
@@ -349,11 +358,10 @@ impl GitLab {
             Some(project) => project,
             None => {
                 let group = self.group().await?;
-                match self
-                    .find_project(&format!("{}/{}", group.full_path, user))
-                    .await?
-                {
-                    Some(project) => self.remember(user, project),
+                let full_path = format!("{}/{}", group.full_path, user);
+                match self.find_project(&full_path).await? {
+                    // Another tenant's project (found by a path differing in case) is never read.
+                    Some(project) => self.remember(user, &full_path, project)?,
                     None => return Ok(Vec::new()),
                 }
             }
@@ -418,13 +426,27 @@ impl GitLab {
             .cloned()
     }
 
-    fn remember(&self, user: &UserId, project: Project) -> Project {
+    /// Caches `project` as `user`'s once its path is exactly `full_path`: GitLab finds
+    /// `group/Alice` when asked for `group/alice`, and that project belongs to someone else.
+    fn remember(
+        &self,
+        user: &UserId,
+        full_path: &str,
+        project: Project,
+    ) -> Result<Project, GitLabError> {
+        if project.path_with_namespace != full_path {
+            tracing::error!(user = %user, asked = full_path, found = %project.path_with_namespace, "GitLab answered another project's path");
+            return Err(GitLabError::ProjectMismatch {
+                asked: full_path.to_owned(),
+                found: project.path_with_namespace,
+            });
+        }
         self.inner
             .projects
             .lock()
             .expect("project cache lock")
             .insert(user.clone(), project.clone());
-        project
+        Ok(project)
     }
 
     async fn group(&self) -> Result<Group, GitLabError> {

@@ -5,15 +5,19 @@ use std::error::Error as StdError;
 use std::path::Path;
 use std::process::Stdio;
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
 use bytes::{Buf, Bytes};
-use futures_util::TryStreamExt;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
+use futures_util::{StreamExt as _, TryStreamExt};
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Body, Frame};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
-use tokio::process::{ChildStdin, Command};
+use tokio::process::{Child, ChildStdin, Command};
 use tokio_util::io::ReaderStream;
+use tokio_util::sync::CancellationToken;
 
 /// The response body: the rest of http-backend's stdout, streamed.
 pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
@@ -21,6 +25,37 @@ pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 /// CGI headers larger than this mean http-backend misbehaves; the limit keeps a broken child
 /// from growing memory without bound.
 const MAX_CGI_HEADER_BYTES: usize = 64 * 1024;
+
+/// The process groups of the `git http-backend` children still running, so a server that stops
+/// can end them all ([`Children::kill_all`]). Cheap to clone; clones share the set.
+#[derive(Debug, Clone, Default)]
+pub struct Children {
+    live: Arc<Mutex<HashSet<u32>>>,
+}
+
+impl Children {
+    /// SIGKILLs every child's process group still running.
+    pub fn kill_all(&self) {
+        let groups: Vec<u32> = self.lock().drain().collect();
+        for group in groups {
+            kill_process_group(group);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// SIGKILLs every process in the group (`kill -KILL -- -PGID`): the library forbids `unsafe`,
+/// and this runs only when a request ends early or the server stops.
+fn kill_process_group(group: u32) {
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
 
 /// Runs `git http-backend` for `req` against the bare repositories under `project_root`.
 ///
@@ -40,6 +75,37 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn StdError + Send + Sync>> + Send,
 {
+    serve_with(
+        &Children::default(),
+        project_root,
+        &[],
+        req,
+        path_info,
+        remote_user,
+    )
+    .await
+}
+
+/// [`serve`], with the child registered in `children` while it runs and `extra_config` (git
+/// config `key=value` pairs) added to the child's hermetic config.
+///
+/// The child runs in a process group of its own, which is SIGKILLed when the request ends
+/// early: the request body fails (client gone, idle timeout, size limit) or the response body
+/// is dropped before its end. http-backend gets no `CONTENT_LENGTH`, so it reads its stdin to
+/// the end: with a length, git's fixed-length reader spins forever on an early EOF.
+pub async fn serve_with<B>(
+    children: &Children,
+    project_root: &Path,
+    extra_config: &[(&str, &str)],
+    req: Request<B>,
+    path_info: &str,
+    remote_user: Option<&str>,
+) -> Response<BoxBody>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn StdError + Send + Sync>> + Send,
+{
     let (parts, body) = req.into_parts();
     let header = |name: &str| {
         parts
@@ -49,22 +115,22 @@ where
             .map(str::to_owned)
     };
 
+    let mut config = vec![(
+        "http.receivepack",
+        if remote_user.is_some() {
+            "true"
+        } else {
+            "false"
+        },
+    )];
+    config.extend_from_slice(extra_config);
     let mut cmd = Command::new("git");
     cmd.arg("http-backend")
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_COUNT", "1")
-        .env("GIT_CONFIG_KEY_0", "http.receivepack")
-        .env(
-            "GIT_CONFIG_VALUE_0",
-            if remote_user.is_some() {
-                "true"
-            } else {
-                "false"
-            },
-        )
+        .env("GIT_CONFIG_COUNT", config.len().to_string())
         .env("GIT_PROJECT_ROOT", project_root)
         .env("GIT_HTTP_EXPORT_ALL", "1")
         .env("GATEWAY_INTERFACE", "CGI/1.1")
@@ -74,16 +140,17 @@ where
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .kill_on_drop(false);
+    for (i, (key, value)) in config.iter().enumerate() {
+        cmd.env(format!("GIT_CONFIG_KEY_{i}"), key)
+            .env(format!("GIT_CONFIG_VALUE_{i}"), value);
+    }
     if let Some(user) = remote_user {
         cmd.env("REMOTE_USER", user);
     }
     if let Some(v) = header(CONTENT_TYPE.as_str()) {
         cmd.env("CONTENT_TYPE", v);
-    }
-    // Without a length http-backend reads to end of input, which is what a chunked body needs.
-    if let Some(v) = header(CONTENT_LENGTH.as_str()) {
-        cmd.env("CONTENT_LENGTH", v);
     }
     // http-backend inflates gzip bodies itself when told the encoding.
     if let Some(v) = header("content-encoding") {
@@ -104,31 +171,49 @@ where
             );
         }
     };
+    let Some(group) = child.id() else {
+        return plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "git http-backend exited\n",
+        );
+    };
+    children.lock().insert(group);
+    let early_end = CancellationToken::new();
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
+        early_end.cancel();
+        tokio::spawn(reap(
+            child,
+            group,
+            children.clone(),
+            early_end,
+            path_info.to_owned(),
+        ));
         return plain(
             StatusCode::INTERNAL_SERVER_ERROR,
             "git http-backend pipes\n",
         );
     };
 
-    tokio::spawn(feed_stdin(body, stdin));
+    tokio::spawn(feed_stdin(body, stdin, early_end.clone()));
     let repo_path = path_info.to_owned();
     tokio::spawn(async move {
         let mut lines = BufReader::new(stderr).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             tracing::warn!(path = %repo_path, "git http-backend: {line}");
         }
-        match child.wait().await {
-            Ok(status) if !status.success() => {
-                tracing::debug!(path = %repo_path, %status, "git http-backend exited");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(path = %repo_path, error = %e, "waiting for git http-backend"),
-        }
     });
+    tokio::spawn(reap(
+        child,
+        group,
+        children.clone(),
+        early_end.clone(),
+        path_info.to_owned(),
+    ));
 
+    // Dropped before the output's end (the client went away): the child is ended.
+    let unfinished = early_end.clone().drop_guard();
     let mut stdout = BufReader::new(stdout);
     let head = match read_cgi_head(&mut stdout).await {
         Ok(head) => head,
@@ -137,15 +222,52 @@ where
             return plain(StatusCode::BAD_GATEWAY, "git http-backend failed\n");
         }
     };
-    let stream = ReaderStream::new(stdout).map_ok(Frame::data);
+    let mut unfinished = Some(unfinished);
+    let stream = ReaderStream::new(stdout)
+        .chain(futures_util::stream::poll_fn(move |_| {
+            // The whole output was read: nothing to end early any more.
+            if let Some(guard) = unfinished.take() {
+                guard.disarm();
+            }
+            std::task::Poll::Ready(None)
+        }))
+        .map_ok(Frame::data);
     let mut response = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     *response.status_mut() = head.status;
     *response.headers_mut() = head.headers;
     response
 }
 
+/// Waits for the child; when the request ends early first, SIGKILLs its process group (git
+/// http-backend runs `git receive-pack`/`upload-pack` below it) and then reaps it.
+async fn reap(
+    mut child: Child,
+    group: u32,
+    children: Children,
+    early_end: CancellationToken,
+    path: String,
+) {
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = early_end.cancelled() => {
+            tracing::info!(path = %path, "request ended early; ending its git http-backend");
+            kill_process_group(group);
+            child.wait().await
+        }
+    };
+    children.lock().remove(&group);
+    match status {
+        Ok(status) if !status.success() => {
+            tracing::debug!(path = %path, %status, "git http-backend exited");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(path = %path, error = %e, "waiting for git http-backend"),
+    }
+}
+
 /// Copies the request body into http-backend's stdin, then closes it so the child sees EOF.
-async fn feed_stdin<B>(body: B, mut stdin: ChildStdin)
+/// A body that fails ends the request early.
+async fn feed_stdin<B>(body: B, mut stdin: ChildStdin, early_end: CancellationToken)
 where
     B: Body,
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
@@ -157,6 +279,7 @@ where
             Ok(Err(_trailers)) => continue,
             Err(e) => {
                 tracing::debug!(error = %e.into(), "request body ended early");
+                early_end.cancel();
                 return;
             }
         };

@@ -10,6 +10,7 @@ pub mod proxy;
 pub mod sandbox;
 pub mod secrets;
 pub mod serve;
+pub mod sync_queue;
 pub mod token;
 pub mod user;
 pub mod webhook;

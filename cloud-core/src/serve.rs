@@ -1,23 +1,34 @@
 //! `shmastra-cloud serve`: the git proxy at `/api/git`, the GitLab push webhook at
 //! `/api/gitlab/webhook`, `/healthz`, and the local stand-in for starting a sync: a command
-//! run once per external push.
+//! run per external push, coalesced per user.
+//!
+//! The accept loop is its own, not `axum::serve`: hyper's header timeout needs a timer, and
+//! the connection limit, the client address of each request and the end of every CGI child
+//! at shutdown need the loop.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
+use http::StatusCode;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use secrecy::SecretString;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
 
 use crate::config::Config;
 use crate::gitlab::GitLab;
+use crate::http_backend::Children;
 use crate::proxy::embedded::EmbeddedUpstream;
 use crate::proxy::events::OnExternalPush;
 use crate::proxy::upstream::{HttpUpstream, Upstream};
-use crate::proxy::{ExternalPush, Proxy, ProxyLimits};
+use crate::proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
+use crate::sync_queue::{Queued, SyncQueue};
 use crate::token::TokenSigner;
 use crate::webhook::Webhook;
 
@@ -27,6 +38,29 @@ pub enum UpstreamChoice {
     Embedded(PathBuf),
     /// GitLab, with the service token as the git password.
     GitLab(Config),
+}
+
+/// Bounds on the connections `serve` accepts.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Open connections at most; past it a new connection gets a canned 503 and is closed,
+    /// while the open ones are served.
+    pub max_connections: usize,
+    /// Longest time a connection may take to send a request's headers, and longest a
+    /// keep-alive connection may sit idle between requests.
+    pub header_timeout: Duration,
+    /// How long a stopping server waits for requests in flight before it ends them.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 512,
+            header_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Everything `serve` needs, validated by the caller.
@@ -39,6 +73,14 @@ pub struct ServeConfig {
     /// `--on-external-push`: a shell command run per external push.
     pub on_external_push: Option<String>,
     pub limits: ProxyLimits,
+    pub connections: ConnectionLimits,
+    /// The embedded upstream protects `main`, `recovery/*` and tags unless this is set
+    /// (`--allow-history-rewrite`).
+    pub allow_history_rewrite: bool,
+    /// Names of env vars `--on-external-push` inherits besides its own (`--sync-env`).
+    pub sync_env: Vec<String>,
+    /// How many `--on-external-push` runs (for different users) go on at once.
+    pub parallel_syncs: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +97,8 @@ pub enum ServeError {
     },
     #[error("cannot set up the GitLab upstream: {0}")]
     GitLab(String),
+    #[error("--sync-env {0}: a server secret is never passed to the sync command")]
+    SecretInSyncEnv(String),
     #[error("the server failed: {0}")]
     Server(std::io::Error),
 }
@@ -66,11 +110,15 @@ const SECRET_VARS: [&str; 3] = [
     crate::webhook::WEBHOOK_SECRET_ENV,
 ];
 
-/// Pending sync commands beyond this are dropped with an error line (each push still logs).
-const QUEUED_SYNCS: usize = 256;
+/// What the sync command inherits from the server's environment, besides `--sync-env`.
+const SYNC_BASE_ENV: [&str; 7] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+
+/// The answer to a connection past the limit: written without reading the request.
+const OVER_CONNECTION_LIMIT: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Type: text/plain\r\nContent-Length: 40\r\nConnection: close\r\n\r\nthe server is at its connection limit.\r\n";
 
 /// Binds `config.listen`, calls `on_listening` with the bound address (port 0 becomes a real
-/// one), and serves until `shutdown` completes.
+/// one), and serves until `shutdown` completes. Then it stops accepting, lets requests in
+/// flight finish within the grace period, and ends every `git http-backend` child.
 pub async fn serve(
     config: ServeConfig,
     on_listening: impl FnOnce(SocketAddr),
@@ -84,34 +132,119 @@ pub async fn serve(
         })?;
     let addr = listener.local_addr().map_err(ServeError::Server)?;
     let on_external_push = match config.on_external_push.clone() {
-        Some(command) => sync_runner(command),
+        Some(command) => sync_runner(command, &config.sync_env, config.parallel_syncs)?,
         None => Arc::new(|_| {}) as OnExternalPush,
     };
-    let app = app(&config, on_external_push)?;
-    tracing::info!(%addr, "listening");
+    let (app, children) = app_with_children(&config, on_external_push)?;
+    tracing::info!(%addr, max_connections = config.connections.max_connections, "listening");
     on_listening(addr);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServeError::Server)
+    let result = accept_loop(listener, app, &config.connections, shutdown).await;
+    if let Some(children) = children {
+        children.kill_all();
+    }
+    result
+}
+
+/// Accepts connections until `shutdown`, each served by hyper with a header timeout, within
+/// the connection limit.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: &ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let (stopping, stop) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        while connections.try_join_next().is_some() {}
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tracing::warn!(client = %peer, status = 503, "connection refused: at the connection limit");
+            let _ = stream.try_write(OVER_CONNECTION_LIMIT);
+            continue;
+        };
+        let app = app.clone().layer(axum::Extension(ClientAddr(peer)));
+        let header_timeout = limits.header_timeout;
+        let mut stop = stop.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let service = TowerToHyperService::new(app);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(client = %peer, error = %e, "connection ended");
+                    }
+                    return;
+                }
+                _ = stop.wait_for(|stopping| *stopping) => {}
+            }
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    let _ = stopping.send(true);
+    let drained = tokio::time::timeout(limits.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = connections.len(),
+            "requests still in flight after the shutdown grace period; ending them"
+        );
+        connections.shutdown().await;
+    }
+    Ok(())
 }
 
 /// The routes, for embedding in another server or testing without a socket.
 pub fn app(config: &ServeConfig, on_external_push: OnExternalPush) -> Result<Router, ServeError> {
+    app_with_children(config, on_external_push).map(|(app, _)| app)
+}
+
+/// [`app`], and the embedded upstream's `git http-backend` children to end at shutdown.
+fn app_with_children(
+    config: &ServeConfig,
+    on_external_push: OnExternalPush,
+) -> Result<(Router, Option<Children>), ServeError> {
+    let mut children = None;
+    let mut gitlab_client = None;
     let upstream: Arc<dyn Upstream> = match &config.upstream {
         UpstreamChoice::Embedded(dir) => {
-            let upstream =
-                EmbeddedUpstream::new(dir).map_err(|source| ServeError::UpstreamDir {
+            let upstream = EmbeddedUpstream::with_protection(dir, !config.allow_history_rewrite)
+                .map_err(|source| ServeError::UpstreamDir {
                     dir: dir.clone(),
                     source,
                 })?;
-            tracing::info!(dir = %dir.display(), "upstream: embedded repositories");
+            tracing::info!(dir = %dir.display(), protected_history = !config.allow_history_rewrite, "upstream: embedded repositories");
+            children = Some(upstream.children());
             Arc::new(upstream)
         }
         UpstreamChoice::GitLab(gitlab_config) => {
             let gitlab =
                 GitLab::new(gitlab_config).map_err(|e| ServeError::GitLab(e.to_string()))?;
             tracing::info!(api_url = %gitlab_config.api_url, "upstream: GitLab");
+            gitlab_client = Some(gitlab.clone());
             let upstream = HttpUpstream::new(
                 Arc::new(gitlab),
                 "oauth2",
@@ -127,50 +260,85 @@ pub fn app(config: &ServeConfig, on_external_push: OnExternalPush) -> Result<Rou
         config.limits.clone(),
         on_external_push.clone(),
     );
+    let health = proxy.clone();
     let mut app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/healthz",
+            get(move || async move {
+                match health.health() {
+                    Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+                    Err(why) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("unhealthy: {why}\n"),
+                    ),
+                }
+            }),
+        )
         .nest("/api/git", proxy.router());
-    match &config.webhook_secret {
-        Some(secret) => {
-            let webhook = Webhook::new(secret.clone(), proxy.recent_pushes(), on_external_push);
+    match (&config.webhook_secret, gitlab_client) {
+        (Some(secret), Some(gitlab)) => {
+            let webhook = Webhook::new(
+                secret.clone(),
+                Arc::new(gitlab),
+                proxy.recent_pushes(),
+                on_external_push,
+            );
             app = app.nest("/api/gitlab/webhook", webhook.router());
         }
-        None => tracing::info!(
+        (Some(_), None) => tracing::warn!(
+            "{} is set, but the upstream is not GitLab: the GitLab webhook is off",
+            crate::webhook::WEBHOOK_SECRET_ENV
+        ),
+        (None, _) => tracing::info!(
             "{} is not set: the GitLab webhook is off",
             crate::webhook::WEBHOOK_SECRET_ENV
         ),
     }
-    Ok(app)
+    Ok((app, children))
 }
 
-/// Runs `command` (with `sh -c`) once per external push, one at a time, in arrival order.
-fn sync_runner(command: String) -> OnExternalPush {
-    let (queue, mut pending) = mpsc::channel::<ExternalPush>(QUEUED_SYNCS);
-    tokio::spawn(async move {
-        while let Some(push) = pending.recv().await {
-            run_sync(&command, &push).await;
-        }
+/// Runs `command` (with `sh -c`) per external push, coalesced per user (see [`SyncQueue`]).
+fn sync_runner(
+    command: String,
+    sync_env: &[String],
+    parallel: usize,
+) -> Result<OnExternalPush, ServeError> {
+    if let Some(secret) = sync_env.iter().find(|n| SECRET_VARS.contains(&n.as_str())) {
+        return Err(ServeError::SecretInSyncEnv(secret.clone()));
+    }
+    let inherited: Arc<Vec<(String, std::ffi::OsString)>> = Arc::new(
+        SYNC_BASE_ENV
+            .iter()
+            .map(|n| n.to_string())
+            .chain(sync_env.iter().cloned())
+            .filter_map(|name| std::env::var_os(&name).map(|value| (name, value)))
+            .collect(),
+    );
+    let command = Arc::new(command);
+    let queue = SyncQueue::new(parallel, move |push: ExternalPush| {
+        let command = command.clone();
+        let inherited = inherited.clone();
+        async move { run_sync(&command, &inherited, &push).await }
     });
-    Arc::new(move |push: ExternalPush| {
-        if let Err(e) = queue.try_send(push) {
-            tracing::error!(error = %e, "sync queue full; this push starts no sync");
+    Ok(Arc::new(move |push: ExternalPush| {
+        if queue.push(push.clone()) == Queued::Coalesced {
+            tracing::info!(user = %push.user, git_ref = %push.refname, "a sync for this user is running; one more run follows it");
         }
-    })
+    }))
 }
 
-async fn run_sync(command: &str, push: &ExternalPush) {
+async fn run_sync(command: &str, inherited: &[(String, std::ffi::OsString)], push: &ExternalPush) {
     let mut child = tokio::process::Command::new("sh");
     child
         .arg("-c")
         .arg(command)
+        .env_clear()
+        .envs(inherited.iter().map(|(k, v)| (k, v)))
         .env("SHMASTRA_USER", push.user.as_str())
         .env("SHMASTRA_REF", &push.refname)
         .env("SHMASTRA_NEW_OID", &push.new_oid)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    for var in SECRET_VARS {
-        child.env_remove(var);
-    }
     // The command's own output goes where serve's goes: it is the operator's script.
     match child.status().await {
         Ok(status) if status.success() => {

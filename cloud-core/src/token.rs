@@ -2,7 +2,16 @@
 //!
 //! A token is `v1.<user>.<mac>`: the user id and an HMAC-SHA256 over a versioned domain tag and
 //! the user id, both base64url without padding. The version prefix lets a later format coexist;
-//! base64url never contains `.`, so the three parts split unambiguously.
+//! base64url never contains `.`, so the parts split unambiguously.
+//!
+//! Revocation and rotation per user, without rotating the secret: each user has a token
+//! *generation* (0 until first revoked). Generation 0 is the `v1` token above; generation `n > 0`
+//! is `v2.<user>.<n>.<mac>` with the MAC over a second domain tag, the user id and `n`. A token
+//! verifies only when its generation is the user's current one, so bumping the generation
+//! (`token revoke`, `token rotate`) refuses every token minted before. The generations live
+//! behind [`Generations`]: today [`GenerationDir`] (one small file per revoked user, read on
+//! each verification, so a revocation takes effect at the next request without a restart); a
+//! shared database can implement the same trait for several replicas.
 
 use std::fmt;
 
@@ -23,6 +32,90 @@ pub const MIN_SECRET_LEN: usize = 32;
 
 const VERSION: &str = "v1";
 const DOMAIN: &[u8] = b"shmastra-project-token-v1\0";
+const VERSION_2: &str = "v2";
+const DOMAIN_2: &[u8] = b"shmastra-project-token-v2\0";
+
+/// The env var naming the token generation directory (`serve` and `token` read it).
+pub const TOKEN_STATE_ENV: &str = "SHMASTRA_TOKEN_STATE";
+
+/// Why the token generations cannot be read or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationError {
+    #[error("cannot read the token generation of {user} from {path}: {source}")]
+    Read {
+        user: UserId,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the token generation file {path} does not hold a number")]
+    Corrupt { path: std::path::PathBuf },
+    #[error("{TOKEN_STATE_ENV} is not set: there is nowhere to record a revocation")]
+    NoStore,
+    #[error("cannot write the token generation of {user} to {path}: {source}")]
+    Write {
+        user: UserId,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Where each user's current token generation is kept.
+pub trait Generations: Send + Sync + 'static {
+    /// The user's current generation; 0 for a user never revoked.
+    fn current(&self, user: &UserId) -> Result<u64, GenerationError>;
+    /// Moves the user to the next generation and returns it: every earlier token is refused.
+    fn bump(&self, user: &UserId) -> Result<u64, GenerationError>;
+}
+
+/// Generations in a directory: `<dir>/<user>` holds the decimal generation of a revoked user;
+/// no file means generation 0. Written by temp file + rename.
+#[derive(Debug, Clone)]
+pub struct GenerationDir {
+    dir: std::path::PathBuf,
+}
+
+impl GenerationDir {
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> GenerationDir {
+        GenerationDir { dir: dir.into() }
+    }
+}
+
+impl Generations for GenerationDir {
+    fn current(&self, user: &UserId) -> Result<u64, GenerationError> {
+        let path = self.dir.join(user.as_str());
+        match std::fs::read_to_string(&path) {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .map_err(|_| GenerationError::Corrupt { path }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(source) => Err(GenerationError::Read {
+                user: user.clone(),
+                path,
+                source,
+            }),
+        }
+    }
+
+    fn bump(&self, user: &UserId) -> Result<u64, GenerationError> {
+        let next = self.current(user)? + 1;
+        let path = self.dir.join(user.as_str());
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&self.dir)?;
+            let tmp = self
+                .dir
+                .join(format!(".{}.tmp.{}", user.as_str(), std::process::id()));
+            std::fs::write(&tmp, format!("{next}\n"))?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|source| GenerationError::Write {
+            user: user.clone(),
+            path: path.clone(),
+            source,
+        })?;
+        Ok(next)
+    }
+}
 /// Longer input cannot be a token; rejecting it first bounds the work an attacker can cause.
 const MAX_TOKEN_LEN: usize = 256;
 
@@ -35,70 +128,165 @@ pub enum TokenSecretError {
         "{TOKEN_SECRET_ENV} is {len} bytes; at least {MIN_SECRET_LEN} are needed (generate one with `openssl rand -hex 32`)"
     )]
     TooShort { len: usize },
+    #[error(
+        "{TOKEN_SECRET_ENV} uses only {distinct} different characters; a secret must be random (generate one with `openssl rand -hex 32`)"
+    )]
+    Weak { distinct: usize },
+}
+
+/// Fewest different byte values a secret must use: a repeated character or a short repeated
+/// pattern has the length but not the entropy (a random hex secret of 32 uses about 16).
+pub const MIN_DISTINCT_BYTES: usize = 8;
+
+/// How many different byte values `secret` uses.
+pub fn distinct_bytes(secret: &[u8]) -> usize {
+    let mut seen = [false; 256];
+    for &b in secret {
+        seen[usize::from(b)] = true;
+    }
+    seen.iter().filter(|&&s| s).count()
 }
 
 /// Mints and verifies project tokens with one server secret.
 #[derive(Clone)]
 pub struct TokenSigner {
     keyed: Hmac<Sha256>,
+    generations: Option<std::sync::Arc<dyn Generations>>,
 }
 
 impl TokenSigner {
-    /// A signer keyed with `secret`, which must hold at least [`MIN_SECRET_LEN`] bytes.
+    /// A signer keyed with `secret`, which must hold at least [`MIN_SECRET_LEN`] bytes (a key
+    /// the caller made; an operator's secret goes through [`TokenSigner::from_secret`]).
     pub fn new(secret: &[u8]) -> Result<TokenSigner, TokenSecretError> {
         if secret.len() < MIN_SECRET_LEN {
             return Err(TokenSecretError::TooShort { len: secret.len() });
         }
         let keyed =
             Hmac::<Sha256>::new_from_slice(secret).expect("HMAC accepts keys of any length");
-        Ok(TokenSigner { keyed })
+        Ok(TokenSigner {
+            keyed,
+            generations: None,
+        })
     }
 
-    /// A signer keyed with a secret string (its UTF-8 bytes).
-    pub fn from_secret(secret: &SecretString) -> Result<TokenSigner, TokenSecretError> {
-        TokenSigner::new(secret.expose_secret().as_bytes())
+    /// This signer, minting and accepting only each user's current generation from
+    /// `generations` (without it, every user is at generation 0).
+    pub fn with_generations(mut self, generations: std::sync::Arc<dyn Generations>) -> Self {
+        self.generations = Some(generations);
+        self
     }
 
-    /// A signer keyed with [`TOKEN_SECRET_ENV`].
-    pub fn from_env() -> Result<TokenSigner, TokenSecretError> {
-        match std::env::var(TOKEN_SECRET_ENV) {
-            Ok(secret) if !secret.is_empty() => {
-                TokenSigner::from_secret(&SecretString::from(secret))
-            }
-            _ => Err(TokenSecretError::Missing),
+    /// The user's current generation; 0 without a generation store.
+    pub fn generation(&self, user: &UserId) -> Result<u64, GenerationError> {
+        match &self.generations {
+            Some(generations) => generations.current(user),
+            None => Ok(0),
         }
     }
 
-    /// The project token for `user`. The same user and secret always give the same token.
+    /// Revokes every token of `user` and returns the new one.
+    pub fn rotate(&self, user: &UserId) -> Result<String, GenerationError> {
+        let generations = self.generations.as_ref().ok_or(GenerationError::NoStore)?;
+        let generation = generations.bump(user)?;
+        Ok(self.mint_generation(user, generation))
+    }
+
+    /// A signer keyed with an operator's secret string (its UTF-8 bytes): at least
+    /// [`MIN_SECRET_LEN`] bytes, of at least [`MIN_DISTINCT_BYTES`] different values.
+    pub fn from_secret(secret: &SecretString) -> Result<TokenSigner, TokenSecretError> {
+        let bytes = secret.expose_secret().as_bytes();
+        if bytes.len() >= MIN_SECRET_LEN {
+            let distinct = distinct_bytes(bytes);
+            if distinct < MIN_DISTINCT_BYTES {
+                return Err(TokenSecretError::Weak { distinct });
+            }
+        }
+        TokenSigner::new(bytes)
+    }
+
+    /// A signer keyed with [`TOKEN_SECRET_ENV`], with the generations in [`TOKEN_STATE_ENV`]
+    /// when it is set.
+    pub fn from_env() -> Result<TokenSigner, TokenSecretError> {
+        let signer = match std::env::var(TOKEN_SECRET_ENV) {
+            Ok(secret) if !secret.is_empty() => {
+                TokenSigner::from_secret(&SecretString::from(secret))?
+            }
+            _ => return Err(TokenSecretError::Missing),
+        };
+        Ok(match std::env::var_os(TOKEN_STATE_ENV) {
+            Some(dir) if !dir.is_empty() => {
+                signer.with_generations(std::sync::Arc::new(GenerationDir::new(dir)))
+            }
+            _ => signer,
+        })
+    }
+
+    /// The project token for `user` at generation 0. The same user and secret always give the
+    /// same token.
     pub fn mint(&self, user: &UserId) -> String {
+        self.mint_generation(user, 0)
+    }
+
+    /// The user's token at their current generation.
+    pub fn mint_current(&self, user: &UserId) -> Result<String, GenerationError> {
+        Ok(self.mint_generation(user, self.generation(user)?))
+    }
+
+    fn mint_generation(&self, user: &UserId, generation: u64) -> String {
         let mut mac = self.keyed.clone();
-        mac.update(DOMAIN);
+        let encoded_user = URL_SAFE_NO_PAD.encode(user.as_str());
+        if generation == 0 {
+            mac.update(DOMAIN);
+            mac.update(user.as_str().as_bytes());
+            let tag = mac.finalize().into_bytes();
+            return format!("{VERSION}.{encoded_user}.{}", URL_SAFE_NO_PAD.encode(tag));
+        }
+        mac.update(DOMAIN_2);
         mac.update(user.as_str().as_bytes());
+        mac.update(b"\0");
+        mac.update(generation.to_string().as_bytes());
         let tag = mac.finalize().into_bytes();
         format!(
-            "{VERSION}.{}.{}",
-            URL_SAFE_NO_PAD.encode(user.as_str()),
+            "{VERSION_2}.{encoded_user}.{generation}.{}",
             URL_SAFE_NO_PAD.encode(tag)
         )
     }
 
-    /// The user `token` was minted for, or `None` for anything this signer did not mint.
+    /// The user `token` was minted for, or `None` for anything this signer did not mint, and
+    /// for a token of an earlier generation than the user's current one. A generation store
+    /// that cannot be read refuses the token (and logs why).
     pub fn verify(&self, token: &str) -> Option<UserId> {
         if token.len() > MAX_TOKEN_LEN {
             return None;
         }
-        let mut parts = token.split('.');
-        let (Some(VERSION), Some(user_part), Some(_), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return None;
+        let parts: Vec<&str> = token.split('.').collect();
+        let (user_part, generation) = match parts.as_slice() {
+            [VERSION, user, _] => (*user, 0),
+            [VERSION_2, user, generation, _] => {
+                let n: u64 = generation.parse().ok()?;
+                (*user, n)
+            }
+            _ => return None,
         };
         let user_bytes = URL_SAFE_NO_PAD.decode(user_part).ok()?;
         let user = UserId::parse(std::str::from_utf8(&user_bytes).ok()?).ok()?;
         // Comparing the whole canonical token accepts exactly what `mint` produced: any other
-        // spelling of the same bytes (padding, trailing bits) fails too.
-        let expected = self.mint(&user);
-        bool::from(expected.as_bytes().ct_eq(token.as_bytes())).then_some(user)
+        // spelling of the same bytes (padding, trailing bits, a leading zero) fails too.
+        let expected = self.mint_generation(&user, generation);
+        if !bool::from(expected.as_bytes().ct_eq(token.as_bytes())) {
+            return None;
+        }
+        match self.generation(&user) {
+            Ok(current) if current == generation => Some(user),
+            Ok(_) => {
+                tracing::info!(%user, generation, "a revoked project token was presented");
+                None
+            }
+            Err(e) => {
+                tracing::error!(%user, error = %e, "cannot check the token generation; refusing the token");
+                None
+            }
+        }
     }
 }
 
@@ -166,17 +354,56 @@ mod tests {
     }
 
     #[test]
+    fn rotation_refuses_every_earlier_token_of_that_user_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let signer = signer().with_generations(std::sync::Arc::new(GenerationDir::new(dir.path())));
+        let (alice, bob) = (user("alice"), user("bob"));
+        let first = signer.mint_current(&alice).unwrap();
+        assert_eq!(first, signer.mint(&alice), "generation 0 is the v1 token");
+        let bobs = signer.mint_current(&bob).unwrap();
+        let second = signer.rotate(&alice).unwrap();
+        assert!(second.starts_with("v2.YWxpY2U.1."), "{second}");
+        assert_eq!(signer.verify(&first), None, "revoked");
+        assert_eq!(signer.verify(&second), Some(alice.clone()));
+        assert_eq!(signer.verify(&bobs), Some(bob), "other users keep theirs");
+        let third = signer.rotate(&alice).unwrap();
+        assert_eq!(signer.verify(&second), None);
+        assert_eq!(signer.verify(&third), Some(alice.clone()));
+        // A generation the store never reached is refused, however well signed.
+        assert_eq!(signer.verify(&signer.mint_generation(&alice, 9)), None);
+        // A leading zero is another spelling of the same generation: refused.
+        assert_eq!(signer.verify(&third.replacen(".2.", ".02.", 1)), None);
+        // Without the store, only generation 0 is current.
+        assert_eq!(super::tests::signer().verify(&third), None);
+        std::fs::write(dir.path().join("alice"), "not a number").unwrap();
+        assert_eq!(signer.verify(&third), None, "an unreadable store refuses");
+    }
+
+    #[test]
     fn short_secret_is_refused_and_debug_hides_it() {
         assert_eq!(
             TokenSigner::new(b"short").unwrap_err(),
             TokenSecretError::TooShort { len: 5 }
         );
+        let operator = |s: &str| TokenSigner::from_secret(&SecretString::from(s.to_owned()));
+        assert_eq!(
+            operator(&"a".repeat(64)).unwrap_err(),
+            TokenSecretError::Weak { distinct: 1 }
+        );
+        assert_eq!(
+            operator("abcdabcdabcdabcdabcdabcdabcdabcd").unwrap_err(),
+            TokenSecretError::Weak { distinct: 4 }
+        );
+        assert_eq!(
+            operator("short").unwrap_err(),
+            TokenSecretError::TooShort { len: 5 }
+        );
+        assert!(operator("0123456789abcdef0123456789abcdef").is_ok());
         assert_eq!(format!("{:?}", signer()), "TokenSigner([redacted])");
     }
 
     fn user_strategy() -> impl Strategy<Value = UserId> {
-        "[A-Za-z0-9_][A-Za-z0-9_-]{0,40}"
-            .prop_filter_map("valid user id", |s| UserId::parse(&s).ok())
+        "[a-z0-9_][a-z0-9_-]{0,40}".prop_filter_map("valid user id", |s| UserId::parse(&s).ok())
     }
 
     proptest! {

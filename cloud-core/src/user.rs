@@ -6,8 +6,11 @@ use std::fmt;
 /// Longest accepted user id, in bytes (all allowed characters are ASCII).
 pub const MAX_USER_ID_LEN: usize = 64;
 
-/// A user id: 1..=64 characters of `[A-Za-z0-9._-]`, not starting with `.` or `-`, without
+/// A user id: 1..=64 characters of `[a-z0-9._-]`, not starting with `.` or `-`, without
 /// `..`, and not ending in `.git` or `.atom` (GitLab reserves those project path endings).
+///
+/// Upper case is refused, not folded: GitLab resolves project paths case-insensitively, so
+/// `Alice` and `alice` would reach one project, and folding would merge two tenants silently.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct UserId(String);
 
@@ -38,7 +41,14 @@ impl UserId {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         {
-            return Err(reject("only letters, digits, '.', '_' and '-' are allowed"));
+            return Err(reject(
+                "only lower-case letters, digits, '.', '_' and '-' are allowed",
+            ));
+        }
+        if input.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(reject(
+                "upper-case letters are not allowed (GitLab project paths ignore case, so ids differing only in case would share a project)",
+            ));
         }
         if input.starts_with(['.', '-']) {
             return Err(reject("it must not start with '.' or '-'"));
@@ -96,7 +106,10 @@ mod tests {
     fn accepts_and_rejects() {
         check("alice", true);
         check("user_42.dev-x", true);
-        check("A", true);
+        check("a", true);
+        check("A", false);
+        check("Alice", false);
+        check("aLICE", false);
         check(&"a".repeat(64), true);
         check(&"a".repeat(65), false);
         check("", false);

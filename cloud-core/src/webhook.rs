@@ -1,7 +1,12 @@
 //! The GitLab push webhook: pushes made directly to GitLab (not through the proxy) become the
-//! same [`ExternalPush`] event the proxy fires. Pushes the proxy forwarded are echoes and skipped.
+//! same [`ExternalPush`] event the proxy fires. Pushes the proxy forwarded are echoes and skipped;
+//! only projects directly in the configured group count; a delivery GitLab sends again (same
+//! `Idempotency-Key` or `X-Gitlab-Event-UUID`) fires once.
 
-use std::sync::Arc;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
 
 use axum::Router;
 use axum::body::Body;
@@ -13,10 +18,63 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::UserId;
+use crate::gitlab::GitLab;
+use crate::proxy::client_of;
 use crate::proxy::events::{ExternalPush, OnExternalPush, RecentPushes};
+use crate::token::{MIN_DISTINCT_BYTES, distinct_bytes};
 
 /// The env var holding the expected `X-Gitlab-Token`.
 pub const WEBHOOK_SECRET_ENV: &str = "GITLAB_WEBHOOK_SECRET";
+
+/// Fewest bytes of a webhook secret: it is a bearer token anyone who learns it can use.
+pub const MIN_WEBHOOK_SECRET_LEN: usize = 16;
+
+/// How many delivery ids are remembered to recognise GitLab sending one again.
+const REMEMBERED_DELIVERIES: usize = 4096;
+
+/// Why a webhook secret is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookSecretError {
+    #[error(
+        "{WEBHOOK_SECRET_ENV} is {len} bytes; at least {MIN_WEBHOOK_SECRET_LEN} are needed (generate one with `openssl rand -hex 32`)"
+    )]
+    TooShort { len: usize },
+    #[error(
+        "{WEBHOOK_SECRET_ENV} uses only {distinct} different characters; it must be random (generate one with `openssl rand -hex 32`)"
+    )]
+    Weak { distinct: usize },
+}
+
+/// Validates a webhook secret: long enough and not a repeated character or short pattern.
+pub fn webhook_secret(value: &str) -> Result<SecretString, WebhookSecretError> {
+    if value.len() < MIN_WEBHOOK_SECRET_LEN {
+        return Err(WebhookSecretError::TooShort { len: value.len() });
+    }
+    let distinct = distinct_bytes(value.as_bytes());
+    if distinct < MIN_DISTINCT_BYTES {
+        return Err(WebhookSecretError::Weak { distinct });
+    }
+    Ok(SecretString::from(value))
+}
+
+/// Where the webhook learns the full path of the group that holds the user projects.
+pub trait GroupPath: Send + Sync + 'static {
+    fn group_path(&self) -> BoxFuture<'_, Result<String, String>>;
+}
+
+impl GroupPath for GitLab {
+    fn group_path(&self) -> BoxFuture<'_, Result<String, String>> {
+        Box::pin(async move { GitLab::group_path(self).await.map_err(|e| e.to_string()) })
+    }
+}
+
+/// A fixed group path (tests, and deployments that know it).
+impl GroupPath for String {
+    fn group_path(&self) -> BoxFuture<'_, Result<String, String>> {
+        let path = self.clone();
+        Box::pin(async move { Ok(path) })
+    }
+}
 
 /// GitLab's push payloads list at most 20 commits; this is far above any real one.
 const MAX_PAYLOAD_BYTES: usize = 4 << 20;
@@ -30,6 +88,34 @@ pub enum Delivery {
     SeenByProxy,
     /// Not a branch update: another event kind, a tag, a deletion, a project of no user.
     Ignored(&'static str),
+}
+
+/// The delivery ids GitLab sent lately, bounded.
+#[derive(Debug, Default)]
+struct Deliveries {
+    seen: Mutex<(HashSet<String>, VecDeque<String>)>,
+}
+
+impl Deliveries {
+    fn contains_any(&self, ids: &[String]) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        ids.iter().any(|id| seen.0.contains(id))
+    }
+
+    fn record(&self, ids: Vec<String>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, order) = &mut *seen;
+        for id in ids {
+            if set.insert(id.clone()) {
+                order.push_back(id);
+            }
+            while order.len() > REMEMBERED_DELIVERIES {
+                if let Some(old) = order.pop_front() {
+                    set.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 /// The subset of GitLab's push event payload the webhook reads.
@@ -46,8 +132,13 @@ struct PayloadProject {
     path_with_namespace: String,
 }
 
-/// Decides about one push payload. Pure apart from reading `recent`.
-pub fn decide(payload: &[u8], recent: &RecentPushes) -> Result<Delivery, serde_json::Error> {
+/// Decides about one push payload. Pure apart from reading `recent`. `group_path` is the full
+/// path of the group holding the user projects: a project anywhere else is no user's.
+pub fn decide(
+    payload: &[u8],
+    group_path: &str,
+    recent: &RecentPushes,
+) -> Result<Delivery, serde_json::Error> {
     #[derive(Deserialize)]
     struct Kind {
         object_kind: Option<String>,
@@ -63,9 +154,16 @@ pub fn decide(payload: &[u8], recent: &RecentPushes) -> Result<Delivery, serde_j
     if payload.after.bytes().all(|b| b == b'0') {
         return Ok(Delivery::Ignored("branch deleted"));
     }
-    // Each user's project is `<group path>/<user id>` (see `gitlab::ensure_user_project`).
+    // Each user's project is `<group path>/<user id>` (see `gitlab::ensure_user_project`),
+    // spelled exactly as GitLab spells the group.
     let project_path = payload.project.path_with_namespace;
-    let last = project_path.rsplit('/').next().unwrap_or_default();
+    let Some(last) = project_path
+        .strip_prefix(group_path)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .filter(|rest| !rest.contains('/'))
+    else {
+        return Ok(Delivery::Ignored("project is not in the configured group"));
+    };
     let Ok(user) = UserId::parse(last) else {
         return Ok(Delivery::Ignored("project path is not a user id"));
     };
@@ -83,7 +181,9 @@ pub fn decide(payload: &[u8], recent: &RecentPushes) -> Result<Delivery, serde_j
 /// The webhook endpoint's state.
 pub struct Webhook {
     secret: SecretString,
+    group: Arc<dyn GroupPath>,
     recent: Arc<RecentPushes>,
+    deliveries: Deliveries,
     on_external_push: OnExternalPush,
 }
 
@@ -91,12 +191,15 @@ impl Webhook {
     /// `recent`: the proxy's [`crate::proxy::Proxy::recent_pushes`].
     pub fn new(
         secret: SecretString,
+        group: Arc<dyn GroupPath>,
         recent: Arc<RecentPushes>,
         on_external_push: OnExternalPush,
     ) -> Arc<Webhook> {
         Arc::new(Webhook {
             secret,
+            group,
             recent,
+            deliveries: Deliveries::default(),
             on_external_push,
         })
     }
@@ -113,7 +216,9 @@ impl Webhook {
 }
 
 async fn receive(State(hook): State<Arc<Webhook>>, request: Request) -> Response {
+    let client = client_of(&request);
     if request.method() != Method::POST || !matches!(request.uri().path(), "" | "/") {
+        tracing::info!(%client, status = 404, "not the webhook endpoint");
         return (StatusCode::NOT_FOUND, "not found\n").into_response();
     }
     let presented = request
@@ -122,16 +227,44 @@ async fn receive(State(hook): State<Arc<Webhook>>, request: Request) -> Response
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
     if !hook.token_matches(&presented) {
-        tracing::warn!(status = 401, "webhook delivery with a wrong X-Gitlab-Token");
+        tracing::warn!(%client, status = 401, "webhook delivery with a wrong X-Gitlab-Token");
         return (StatusCode::UNAUTHORIZED, "wrong X-Gitlab-Token\n").into_response();
+    }
+    // GitLab keeps `Idempotency-Key` across retries of one delivery and `X-Gitlab-Event-UUID`
+    // across the hooks one event triggers: either seen before means this push was handled.
+    let ids: Vec<String> = ["idempotency-key", "x-gitlab-event-uuid"]
+        .iter()
+        .filter_map(|name| request.headers().get(*name)?.to_str().ok())
+        .filter(|id| !id.is_empty())
+        .map(|id| id.chars().take(128).collect())
+        .collect();
+    if hook.deliveries.contains_any(&ids) {
+        tracing::info!(%client, "webhook delivery already handled; not firing again");
+        return (StatusCode::OK, "already handled\n").into_response();
     }
     let body = match axum::body::to_bytes(Body::new(request.into_body()), MAX_PAYLOAD_BYTES).await {
         Ok(body) => body,
         Err(_) => {
+            tracing::warn!(%client, status = 413, "webhook payload too large");
             return (StatusCode::PAYLOAD_TOO_LARGE, "webhook payload too large\n").into_response();
         }
     };
-    match decide(&body, &hook.recent) {
+    let group_path = match hook.group.group_path().await {
+        Ok(path) => path,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot learn the GitLab group's path; webhook delivery not handled");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the group of user projects cannot be looked up now\n",
+            )
+                .into_response();
+        }
+    };
+    let decided = decide(&body, &group_path, &hook.recent);
+    if decided.is_ok() {
+        hook.deliveries.record(ids);
+    }
+    match decided {
         Ok(Delivery::External(push)) => {
             tracing::info!(user = %push.user, git_ref = %push.refname, new_oid = %push.new_oid, source = "gitlab-webhook", "external push");
             (hook.on_external_push)(push);
@@ -146,7 +279,7 @@ async fn receive(State(hook): State<Arc<Webhook>>, request: Request) -> Response
             (StatusCode::OK, format!("ignored: {why}\n")).into_response()
         }
         Err(e) => {
-            tracing::warn!(error = %e, "webhook payload is not a GitLab event");
+            tracing::warn!(%client, status = 400, error = %e, "webhook payload is not a GitLab event");
             (
                 StatusCode::BAD_REQUEST,
                 format!("not a GitLab event payload: {e}\n"),
@@ -187,7 +320,7 @@ mod tests {
 
     fn check(input: &[u8], recent: &RecentPushes, expected: Delivery) {
         assert_eq!(
-            decide(input, recent).expect("parses"),
+            decide(input, "shmastra/users", recent).expect("parses"),
             expected,
             "{}",
             String::from_utf8_lossy(input)
@@ -203,23 +336,37 @@ mod tests {
             &none,
             Delivery::External(alice_push()),
         );
+        for elsewhere in [
+            "attacker/alice",
+            "shmastra/alice",
+            "shmastra/users/sub/alice",
+            "shmastra/users-x/alice",
+            "Shmastra/Users/alice",
+            "shmastra/usersalice",
+        ] {
+            check(
+                &payload("push", main, OID, elsewhere),
+                &none,
+                Delivery::Ignored("project is not in the configured group"),
+            );
+        }
         check(
-            &payload("tag_push", "refs/tags/v1", OID, "g/alice"),
+            &payload("tag_push", "refs/tags/v1", OID, "shmastra/users/alice"),
             &none,
             Delivery::Ignored("not a push event"),
         );
         check(
-            &payload("push", "refs/tags/v1", OID, "g/alice"),
+            &payload("push", "refs/tags/v1", OID, "shmastra/users/alice"),
             &none,
             Delivery::Ignored("not a branch"),
         );
         check(
-            &payload("push", main, &"0".repeat(40), "g/alice"),
+            &payload("push", main, &"0".repeat(40), "shmastra/users/alice"),
             &none,
             Delivery::Ignored("branch deleted"),
         );
         check(
-            &payload("push", main, OID, "g/..evil"),
+            &payload("push", main, OID, "shmastra/users/..evil"),
             &none,
             Delivery::Ignored("project path is not a user id"),
         );
@@ -228,8 +375,8 @@ mod tests {
             &none,
             Delivery::Ignored("not a push event"),
         );
-        assert!(decide(b"not json", &none).is_err());
-        assert!(decide(br#"{"object_kind":"push"}"#, &none).is_err());
+        assert!(decide(b"not json", "g", &none).is_err());
+        assert!(decide(br#"{"object_kind":"push"}"#, "g", &none).is_err());
     }
 
     #[test]
@@ -237,7 +384,7 @@ mod tests {
         let recent = RecentPushes::default();
         recent.record(alice_push());
         check(
-            &payload("push", "refs/heads/main", OID, "g/alice"),
+            &payload("push", "refs/heads/main", OID, "shmastra/users/alice"),
             &recent,
             Delivery::SeenByProxy,
         );
@@ -247,6 +394,7 @@ mod tests {
     fn the_token_must_match_exactly() {
         let hook = Webhook::new(
             SecretString::from("s3cret"),
+            Arc::new("g".to_owned()),
             Arc::default(),
             Arc::new(|_| {}),
         );
@@ -254,5 +402,18 @@ mod tests {
         assert!(!hook.token_matches(b"s3cre"));
         assert!(!hook.token_matches(b"s3cret "));
         assert!(!hook.token_matches(b""));
+    }
+
+    #[test]
+    fn weak_secrets_are_refused() {
+        assert_eq!(
+            webhook_secret("x").unwrap_err(),
+            WebhookSecretError::TooShort { len: 1 }
+        );
+        assert_eq!(
+            webhook_secret(&"a".repeat(64)).unwrap_err(),
+            WebhookSecretError::Weak { distinct: 1 }
+        );
+        assert!(webhook_secret("0123456789abcdef").is_ok());
     }
 }

@@ -187,13 +187,10 @@ fn push_payload(user: &str, new_oid: &str) -> String {
 }
 
 #[test]
-fn external_pushes_run_the_sync_command_once_and_webhook_echoes_are_skipped() {
+fn external_pushes_run_the_sync_command_once() {
     let up = tempfile::tempdir().expect("tempdir");
     let up_dir = up.path().to_str().expect("utf-8 path");
-    let serve = Serve::start(
-        &["--upstream-dir", up_dir],
-        &[("GITLAB_WEBHOOK_SECRET", WEBHOOK_SECRET)],
-    );
+    let serve = Serve::start(&["--upstream-dir", up_dir], &[]);
     let work = serve.tmp.path().join("work");
     let head = work_tree(&work, &serve.remote_url("alice"));
 
@@ -212,25 +209,7 @@ fn external_pushes_run_the_sync_command_once_and_webhook_echoes_are_skipped() {
     git(&work, ["push", "-q", "origin", "main"]);
     assert_eq!(
         serve.wait_for_events(1),
-        [format!("alice refs/heads/main {head}")]
-    );
-
-    // GitLab's echo of the push the proxy forwarded: no second sync.
-    let (status, body) = post_webhook(&serve, WEBHOOK_SECRET, push_payload("alice", &head));
-    assert_eq!((status, body.trim()), (200, "seen by the proxy"));
-    let (status, _) = post_webhook(&serve, "wrong", push_payload("alice", &"2".repeat(40)));
-    assert_eq!(status, 401);
-    // A push made directly to GitLab.
-    let direct = "3".repeat(40);
-    let (status, _) = post_webhook(&serve, WEBHOOK_SECRET, push_payload("bob", &direct));
-    assert_eq!(status, 200);
-
-    assert_eq!(
-        serve.wait_for_events(2),
-        [
-            format!("alice refs/heads/main {head}"),
-            format!("bob refs/heads/main {direct}")
-        ],
+        [format!("alice refs/heads/main {head}")],
         "exactly one event per external push, the watcher's push fired none"
     );
     let logs = serve.logs();
@@ -238,14 +217,14 @@ fn external_pushes_run_the_sync_command_once_and_webhook_echoes_are_skipped() {
         logs.lines()
             .filter(|l| l.contains("\"external push\""))
             .count(),
-        2,
+        1,
         "one structured log line per event:\n{logs}"
     );
     assert!(serve.stop().success(), "SIGTERM is a clean shutdown");
 }
 
 #[test]
-fn gitlab_upstream_gets_the_service_token_which_no_log_line_shows() {
+fn gitlab_upstream_gets_the_service_token_which_no_log_line_shows_and_webhook_echoes_are_skipped() {
     let repos = tempfile::tempdir().expect("tempdir");
     let server = GitServer::start(repos.path());
     server.create_bare(&format!("{GROUP_PATH}/alice.git"));
@@ -260,6 +239,7 @@ fn gitlab_upstream_gets_the_service_token_which_no_log_line_shows() {
             ("GITLAB_SERVICE_TOKEN", SERVICE_TOKEN),
             ("GITLAB_GROUP_ID", &GROUP_ID.to_string()),
             ("GITLAB_API_URL", &gitlab.api_url()),
+            ("GITLAB_WEBHOOK_SECRET", WEBHOOK_SECRET),
             ("RUST_LOG", "trace"),
         ],
     );
@@ -270,6 +250,24 @@ fn gitlab_upstream_gets_the_service_token_which_no_log_line_shows() {
         serve.wait_for_events(1),
         [format!("alice refs/heads/main {head}")]
     );
+    // GitLab's echo of the push the proxy forwarded: no second sync.
+    let (status, body) = post_webhook(&serve, WEBHOOK_SECRET, push_payload("alice", &head));
+    assert_eq!((status, body.trim()), (200, "seen by the proxy"));
+    let (status, _) = post_webhook(&serve, "wrong", push_payload("alice", &"2".repeat(40)));
+    assert_eq!(status, 401);
+    // A push made directly to GitLab.
+    let direct = "3".repeat(40);
+    let (status, _) = post_webhook(&serve, WEBHOOK_SECRET, push_payload("bob", &direct));
+    assert_eq!(status, 200);
+    assert_eq!(
+        serve.wait_for_events(2),
+        [
+            format!("alice refs/heads/main {head}"),
+            format!("bob refs/heads/main {direct}")
+        ],
+        "exactly one event per external push"
+    );
+
     let clone = serve.tmp.path().join("clone");
     git(
         serve.tmp.path(),

@@ -1,7 +1,10 @@
 //! A fake GitLab REST API (v4) on `127.0.0.1:0`, answering as GitLab's documentation says:
 //! `PRIVATE-TOKEN` auth, `GET /groups/:id`, `GET /projects/:id` (numeric or URL-encoded path),
 //! `POST /projects`, `GET /projects/:id/repository/commits` (from a real bare repository),
-//! with GitLab's status codes and JSON bodies. It records every request and
+//! with GitLab's status codes and JSON bodies. Like GitLab, it resolves project paths
+//! case-insensitively (`group/Alice` is found as `group/alice`, and answers with its own
+//! spelling) and refuses to create a path that differs from a taken one only in case. It
+//! records every request and
 //! has switches for the faults a client must survive: 429 with `Retry-After`, 500, a hung
 //! answer, a lost create race, missing membership, no right to create projects.
 
@@ -299,7 +302,7 @@ fn get_project(state: &State, id: &str) -> Answer {
     let found = state
         .projects
         .iter()
-        .find(|p| p.id.to_string() == id || p.path_with_namespace == id);
+        .find(|p| p.id.to_string() == id || p.path_with_namespace.eq_ignore_ascii_case(id));
     match found {
         Some(project) if state.member => reply(StatusCode::OK, project_json(state, project)),
         _ => reply(
@@ -317,7 +320,7 @@ fn list_commits(state: &State, id: &str, path_and_query: &str) -> Answer {
     let Some(project) = state
         .projects
         .iter()
-        .find(|p| p.id.to_string() == id || p.path_with_namespace == id)
+        .find(|p| p.id.to_string() == id || p.path_with_namespace.eq_ignore_ascii_case(id))
         .filter(|_| state.member)
     else {
         return reply(
@@ -450,7 +453,11 @@ fn create_project(state: &mut State, body: &str) -> Answer {
     if std::mem::take(&mut state.lose_next_create_race) {
         insert_project(state, &path, "private");
     }
-    if state.projects.iter().any(|p| p.path == path) {
+    if state
+        .projects
+        .iter()
+        .any(|p| p.path.eq_ignore_ascii_case(&path))
+    {
         return reply(
             StatusCode::BAD_REQUEST,
             json!({"message": {

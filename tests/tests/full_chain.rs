@@ -14,7 +14,7 @@ use cloud_core::orchestrate::{
 use cloud_core::proxy::ProxyLimits;
 use cloud_core::proxy::embedded::EmbeddedUpstream;
 use cloud_core::sandbox::LocalSandbox;
-use cloud_core::serve::{ServeConfig, UpstreamChoice, serve};
+use cloud_core::serve::{ConnectionLimits, ServeConfig, UpstreamChoice, serve};
 use cloud_core::token::TokenSigner;
 use testkit::git::{git, git_output, hermetic_env, init_repo, tree_of, tree_of_add_all};
 use testkit::wait::until_async;
@@ -94,6 +94,10 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
                 events.display()
             )),
             limits: ProxyLimits::default(),
+            connections: ConnectionLimits::default(),
+            allow_history_rewrite: false,
+            sync_env: Vec::new(),
+            parallel_syncs: 4,
         },
         move |addr| {
             let _ = addr_tx.send(addr);

@@ -1,7 +1,13 @@
 //! The embedded upstream: a directory of bare repositories, one per user (`<dir>/<user>.git`,
 //! created on first use), served through `git http-backend`. It stands in for GitLab on one
 //! machine with no accounts.
+//!
+//! Like GitLab's protected default branch, history is protected unless the operator allows
+//! rewriting it: an `update` hook (installed under `<dir>/.shmastra-hooks`, which no user id can
+//! name) refuses deleting or force-pushing `main`, and deleting or moving `recovery/*` branches
+//! and tags other than by fast-forward.
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use axum::body::Body;
@@ -12,23 +18,78 @@ use tokio::sync::Mutex;
 
 use super::upstream::{Upstream, UpstreamError, UpstreamRequest};
 use crate::UserId;
-use crate::http_backend;
+use crate::http_backend::{self, Children};
+
+/// The hook that protects history, run by `git receive-pack` once per ref.
+const UPDATE_HOOK: &str = r#"#!/bin/sh
+# Installed by shmastra-cloud serve (embedded upstream). `serve --allow-history-rewrite` removes it.
+ref="$1"; old="$2"; new="$3"
+zero=0000000000000000000000000000000000000000
+case "$ref" in
+refs/heads/main|refs/heads/recovery/*|refs/tags/*) ;;
+*) exit 0 ;;
+esac
+if [ "$old" = "$zero" ]; then exit 0; fi
+if [ "$new" = "$zero" ]; then
+    echo "shmastra: $ref is protected: it cannot be deleted" >&2
+    exit 1
+fi
+if ! git merge-base --is-ancestor "$old" "$new" 2>/dev/null; then
+    echo "shmastra: $ref is protected: only fast-forward updates are accepted (no force-push)" >&2
+    exit 1
+fi
+exit 0
+"#;
+
+/// Where the protecting hook lives under the upstream directory. A user id never starts with
+/// `.`, so no repository is named like it.
+const HOOKS_DIR: &str = ".shmastra-hooks";
 
 pub struct EmbeddedUpstream {
     root: PathBuf,
+    /// `core.hooksPath` for every request, unless history rewrites are allowed.
+    hooks: Option<String>,
+    children: Children,
     /// Serialises repository creation, so two first requests do not race `git init`.
     creating: Mutex<()>,
 }
 
 impl EmbeddedUpstream {
-    /// Serves (and creates) repositories under `root`, which is created if missing.
+    /// Serves (and creates) repositories under `root`, which is created if missing, with
+    /// `main`, `recovery/*` and tags protected.
     pub fn new(root: impl Into<PathBuf>) -> std::io::Result<EmbeddedUpstream> {
-        let root = root.into();
+        EmbeddedUpstream::with_protection(root, true)
+    }
+
+    /// [`EmbeddedUpstream::new`]; `protect_history: false` lets any token holder delete or
+    /// force-push every ref (`serve --allow-history-rewrite`).
+    pub fn with_protection(
+        root: impl Into<PathBuf>,
+        protect_history: bool,
+    ) -> std::io::Result<EmbeddedUpstream> {
+        let root = std::path::absolute(root.into())?;
         std::fs::create_dir_all(&root)?;
+        let hooks = if protect_history {
+            let dir = root.join(HOOKS_DIR);
+            std::fs::create_dir_all(&dir)?;
+            let hook = dir.join("update");
+            std::fs::write(&hook, UPDATE_HOOK)?;
+            std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755))?;
+            Some(dir.to_string_lossy().into_owned())
+        } else {
+            None
+        };
         Ok(EmbeddedUpstream {
             root,
+            hooks,
+            children: Children::default(),
             creating: Mutex::new(()),
         })
+    }
+
+    /// The `git http-backend` children running now; the server ends them when it stops.
+    pub fn children(&self) -> Children {
+        self.children.clone()
     }
 
     /// Where `user`'s bare repository lives. `UserId` is a safe path component, so this never
@@ -63,6 +124,8 @@ async fn init_bare(dir: &Path) -> std::io::Result<()> {
     let output = Command::new("git")
         .args(["init", "-q", "--bare", "-b", "main"])
         .arg(&staging)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .output()
@@ -98,8 +161,11 @@ impl Upstream for EmbeddedUpstream {
             let cgi_request = builder
                 .body(request.body)
                 .map_err(|e| UpstreamError::Failed(e.to_string()))?;
-            let response = http_backend::serve(
+            let hooks_path = self.hooks.as_deref().map(|dir| ("core.hooksPath", dir));
+            let response = http_backend::serve_with(
+                &self.children,
                 &self.root,
+                hooks_path.as_slice(),
                 cgi_request,
                 &path_info,
                 Some(request.user.as_str()),

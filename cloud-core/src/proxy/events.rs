@@ -1,7 +1,7 @@
 //! External-push events: what the proxy and the GitLab webhook report to the cloud, and the
 //! memory of recent pushes that keeps one push from being reported twice.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::UserId;
@@ -19,29 +19,34 @@ pub struct ExternalPush {
 /// slow work).
 pub type OnExternalPush = Arc<dyn Fn(ExternalPush) + Send + Sync>;
 
-/// How many pushes the proxy remembers for the webhook's de-duplication: GitLab's webhook for
-/// a proxied push arrives within seconds, far fewer pushes than this later.
-const REMEMBERED: usize = 4096;
+/// How many branch updates the proxy remembers per user for the webhook's de-duplication:
+/// GitLab's webhook for a proxied push arrives within seconds, far fewer updates than this
+/// later. Per user, so one user's pushes never evict another's.
+const REMEMBERED_PER_USER: usize = 64;
 
-/// The branch updates the proxy saw applied lately, watcher's or not. A GitLab webhook for one
-/// of them is an echo, not a push made directly to GitLab.
+/// The branch updates the proxy saw applied lately (the server reported them `ok`), watcher's
+/// or not. A GitLab webhook for one of them is an echo, not a push made directly to GitLab.
 #[derive(Debug, Default)]
 pub struct RecentPushes {
-    seen: Mutex<VecDeque<ExternalPush>>,
+    seen: Mutex<HashMap<UserId, VecDeque<(String, String)>>>,
 }
 
 impl RecentPushes {
     pub fn record(&self, push: ExternalPush) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.len() == REMEMBERED {
-            seen.pop_front();
+        let mine = seen.entry(push.user).or_default();
+        if mine.len() == REMEMBERED_PER_USER {
+            mine.pop_front();
         }
-        seen.push_back(push);
+        mine.push_back((push.refname, push.new_oid));
     }
 
     pub fn contains(&self, push: &ExternalPush) -> bool {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.contains(push)
+        seen.get(&push.user).is_some_and(|mine| {
+            mine.iter()
+                .any(|(refname, oid)| *refname == push.refname && *oid == push.new_oid)
+        })
     }
 }
 
@@ -50,22 +55,32 @@ mod tests {
     use super::*;
 
     fn push(n: usize) -> ExternalPush {
+        push_of("alice", n)
+    }
+
+    fn push_of(user: &str, n: usize) -> ExternalPush {
         ExternalPush {
-            user: UserId::parse("alice").expect("valid"),
+            user: UserId::parse(user).expect("valid"),
             refname: "refs/heads/main".into(),
             new_oid: format!("{n:040x}"),
         }
     }
 
     #[test]
-    fn remembers_the_latest_pushes_only() {
+    fn remembers_the_latest_pushes_of_each_user_only() {
         let recent = RecentPushes::default();
-        for n in 0..=REMEMBERED {
+        recent.record(push_of("bob", 7));
+        for n in 0..=REMEMBERED_PER_USER * 10 {
             recent.record(push(n));
         }
         assert!(!recent.contains(&push(0)), "the oldest is forgotten");
-        assert!(recent.contains(&push(1)));
-        assert!(recent.contains(&push(REMEMBERED)));
-        assert!(!recent.contains(&push(REMEMBERED + 1)));
+        assert!(recent.contains(&push(REMEMBERED_PER_USER * 9 + 1)));
+        assert!(recent.contains(&push(REMEMBERED_PER_USER * 10)));
+        assert!(!recent.contains(&push(REMEMBERED_PER_USER * 10 + 1)));
+        assert!(
+            recent.contains(&push_of("bob", 7)),
+            "alice's volume never evicts bob's"
+        );
+        assert!(!recent.contains(&push_of("bob", 0)));
     }
 }

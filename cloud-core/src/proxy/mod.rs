@@ -48,6 +48,10 @@ pub struct ProxyLimits {
     pub upstream_timeout: Duration,
     /// Longest silence within a body, either direction.
     pub idle_timeout: Duration,
+    /// Requests one user may have in flight; past it, 429 with `Retry-After`.
+    pub max_requests_per_user: usize,
+    /// Requests in flight for everyone together; past it, 503 with `Retry-After`.
+    pub max_requests: usize,
 }
 
 impl Default for ProxyLimits {
@@ -56,15 +60,40 @@ impl Default for ProxyLimits {
             max_request_bytes: 1 << 30,
             upstream_timeout: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(120),
+            max_requests_per_user: 8,
+            max_requests: 64,
         }
     }
 }
+
+/// The TCP peer of a request, put in its extensions by the server that accepted it; logged on
+/// every refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
+impl std::fmt::Display for ClientAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The client address of `request` for log lines, `-` when the server did not record it.
+pub fn client_of<B>(request: &http::Request<B>) -> String {
+    request
+        .extensions()
+        .get::<ClientAddr>()
+        .map_or_else(|| "-".to_owned(), ToString::to_string)
+}
+
+/// Seconds a client is asked to wait when the proxy is at its request limits.
+const BUSY_RETRY_AFTER_SECS: u64 = 5;
 
 /// The proxy's state, shared by every request.
 pub struct Proxy {
     signer: TokenSigner,
     upstream: Arc<dyn Upstream>,
     limits: ProxyLimits,
+    in_flight: Arc<InFlight>,
     recent: Arc<RecentPushes>,
     on_external_push: OnExternalPush,
 }
@@ -79,6 +108,10 @@ impl Proxy {
         Arc::new(Proxy {
             signer,
             upstream,
+            in_flight: Arc::new(InFlight::new(
+                limits.max_requests,
+                limits.max_requests_per_user,
+            )),
             limits,
             recent: Arc::default(),
             on_external_push,
@@ -90,6 +123,11 @@ impl Proxy {
         self.recent.clone()
     }
 
+    /// Whether the upstream can be used; the reason when not (for `/healthz`).
+    pub fn health(&self) -> Result<(), String> {
+        self.upstream.health()
+    }
+
     /// The proxy as a router that handles every path below its mount point.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new().fallback(handle).with_state(Arc::clone(self))
@@ -98,12 +136,14 @@ impl Proxy {
 
 async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     let started = Instant::now();
+    let client = client_of(&request);
     let (parts, body) = request.into_parts();
     let Some(route) = route::classify(&parts.method, parts.uri.path(), parts.uri.query()) else {
+        tracing::info!(%client, status = 404, "not a git smart-HTTP endpoint");
         return answer(StatusCode::NOT_FOUND, "not a git smart-HTTP endpoint");
     };
     let Some(user) = authenticate(&proxy.signer, &parts.headers) else {
-        tracing::info!(status = 401, "git request without a valid project token");
+        tracing::info!(%client, status = 401, "git request without a valid project token");
         let mut response = answer(
             StatusCode::UNAUTHORIZED,
             "a valid project token is required",
@@ -115,7 +155,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         return response;
     };
     if !route.names_repo_of(&user) {
-        tracing::warn!(%user, status = 403, "git request naming another user's repository");
+        tracing::warn!(%client, %user, status = 403, "git request naming another user's repository");
         return answer(
             StatusCode::FORBIDDEN,
             "this project token does not grant access to that repository",
@@ -123,10 +163,48 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     }
     let limit = proxy.limits.max_request_bytes;
     if content_length(&parts.headers).is_some_and(|len| len > limit) {
+        tracing::warn!(%client, %user, status = 413, "git request body over the limit");
         return too_large(limit);
     }
-
     let endpoint = route.endpoint;
+    // git never compresses a push; a compressed one would inflate past the size limit inside
+    // the upstream and hide its commands from push detection.
+    if endpoint == Endpoint::Rpc(Service::ReceivePack) && is_encoded(&parts.headers) {
+        tracing::warn!(%client, %user, status = 415, "compressed push body refused");
+        return answer(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "compressed push bodies are not accepted (git sends packs uncompressed)",
+        );
+    }
+    let permit = match proxy.in_flight.admit(&user) {
+        Ok(permit) => permit,
+        Err(busy) => {
+            let (status, message) = match busy {
+                Busy::User => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "too many git requests in flight for this user (limit {})",
+                        proxy.limits.max_requests_per_user
+                    ),
+                ),
+                Busy::Total => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "the proxy is at its limit of {} git requests in flight",
+                        proxy.limits.max_requests
+                    ),
+                ),
+            };
+            tracing::warn!(%client, %user, status = status.as_u16(), "git request refused: too many in flight");
+            let mut response = answer(status, &message);
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(BUSY_RETRY_AFTER_SECS),
+            );
+            return response;
+        }
+    };
+
     let watch = (endpoint == Endpoint::Rpc(Service::ReceivePack)).then(|| {
         let agent = parts
             .headers
@@ -151,7 +229,7 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     // Its own task: when a pushing client hangs up, the push may still land upstream, and its
     // report must still be read (dropping a JoinHandle does not cancel the task).
     let progress = signals.progress.clone();
-    let exchange = tokio::spawn(exchange(proxy.clone(), request, progress, watch));
+    let exchange = tokio::spawn(exchange(proxy.clone(), request, progress, watch, permit));
     let outcome = exchange
         .await
         .unwrap_or_else(|e| Err(UpstreamError::Failed(format!("proxy task failed: {e}"))));
@@ -159,10 +237,11 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     let endpoint_path = endpoint.service_path();
     let elapsed_ms = started.elapsed().as_millis() as u64;
     if signals.too_large() {
+        tracing::warn!(%client, %user, status = 413, "git request body over the limit");
         return too_large(limit);
     }
     if signals.client_stalled(&outcome) {
-        tracing::warn!(%user, service, "the client stopped sending its request body");
+        tracing::warn!(%client, %user, service, "the client stopped sending its request body");
         return answer(
             StatusCode::REQUEST_TIMEOUT,
             &format!(
@@ -176,10 +255,18 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         Err(error) => {
             let status = match error {
                 UpstreamError::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                UpstreamError::CredentialsRejected { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 _ => StatusCode::BAD_GATEWAY,
             };
-            tracing::error!(%user, service, endpoint = endpoint_path, status = status.as_u16(), elapsed_ms, %error, "git request failed upstream");
-            return answer(status, &error.to_string());
+            tracing::error!(%client, %user, service, endpoint = endpoint_path, status = status.as_u16(), elapsed_ms, %error, "git request failed upstream");
+            let mut response = answer(status, error.public_message());
+            if let UpstreamError::CredentialsRejected { retry_after } = error {
+                response.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after.as_secs().max(1)),
+                );
+            }
+            return response;
         }
     };
     let status = response.status();
@@ -210,6 +297,81 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     response
 }
 
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Busy {
+    User,
+    Total,
+}
+
+/// Requests in flight, per user and in total. A [`Admitted`] counts until it is dropped, which
+/// is when the response body has been read to its end or abandoned.
+struct InFlight {
+    max_total: usize,
+    max_per_user: usize,
+    counts: std::sync::Mutex<(usize, std::collections::HashMap<UserId, usize>)>,
+}
+
+impl InFlight {
+    fn new(max_total: usize, max_per_user: usize) -> InFlight {
+        InFlight {
+            max_total,
+            max_per_user,
+            counts: std::sync::Mutex::default(),
+        }
+    }
+
+    fn admit(self: &Arc<Self>, user: &UserId) -> Result<Admitted, Busy> {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let (total, per_user) = &mut *counts;
+        let mine = per_user.get(user).copied().unwrap_or(0);
+        if mine >= self.max_per_user {
+            return Err(Busy::User);
+        }
+        if *total >= self.max_total {
+            return Err(Busy::Total);
+        }
+        *total += 1;
+        per_user.insert(user.clone(), mine + 1);
+        Ok(Admitted {
+            in_flight: self.clone(),
+            user: user.clone(),
+        })
+    }
+}
+
+/// One admitted request; leaves the counts when dropped.
+struct Admitted {
+    in_flight: Arc<InFlight>,
+    user: UserId,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut counts = self
+            .in_flight
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (total, per_user) = &mut *counts;
+        *total = total.saturating_sub(1);
+        if let Some(mine) = per_user.get_mut(&self.user) {
+            *mine -= 1;
+            if *mine == 0 {
+                per_user.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// Whether the body carries a content coding other than identity.
+fn is_encoded(headers: &HeaderMap) -> bool {
+    headers.get_all(header::CONTENT_ENCODING).iter().any(|v| {
+        !v.to_str()
+            .is_ok_and(|v| v.trim().eq_ignore_ascii_case("identity"))
+    })
+}
+
 /// Sends `request` upstream and starts its response body on the way back. While the upstream
 /// reads the request body it may take as long as the upload does, as long as it keeps reading;
 /// once it has the body, `upstream_timeout` bounds its answer.
@@ -218,6 +380,7 @@ async fn exchange(
     request: UpstreamRequest,
     progress: Arc<ReadProgress>,
     watch: Option<Arc<PushWatch>>,
+    admitted: Admitted,
 ) -> Result<Response<Body>, UpstreamError> {
     let forward = proxy.upstream.forward(request);
     tokio::pin!(forward);
@@ -234,7 +397,13 @@ async fn exchange(
         }
     };
     let (parts, body) = response.into_parts();
-    let body_stream = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout);
+    // The request counts as in flight until its response has been read.
+    let body_stream = stream::idle_timeout(body.into_data_stream(), proxy.limits.idle_timeout).map(
+        move |chunk| {
+            let _counted = &admitted;
+            chunk
+        },
+    );
     let body = match watch {
         Some(watch) if parts.status.is_success() => {
             Body::from_stream(stream::pumped(body_stream, watch.response_inspector()))
@@ -336,4 +505,47 @@ fn too_large(limit: u64) -> Response {
 /// A plain-text answer made by the proxy itself (git prints the body to the user).
 fn answer(status: StatusCode, message: &str) -> Response {
     (status, format!("{message}\n")).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(name: &str) -> UserId {
+        UserId::parse(name).expect("user id")
+    }
+
+    #[test]
+    fn requests_in_flight_are_capped_per_user_and_in_total_and_freed_on_drop() {
+        let in_flight = Arc::new(InFlight::new(3, 2));
+        let a1 = in_flight.admit(&user("alice")).expect("first");
+        let a2 = in_flight.admit(&user("alice")).expect("second");
+        assert_eq!(in_flight.admit(&user("alice")).err(), Some(Busy::User));
+        let b1 = in_flight.admit(&user("bob")).expect("bob");
+        assert_eq!(in_flight.admit(&user("carol")).err(), Some(Busy::Total));
+        drop(a1);
+        let c1 = in_flight.admit(&user("carol")).expect("a slot came back");
+        drop((a2, b1, c1));
+        let counts = in_flight.counts.lock().expect("counts");
+        assert_eq!(counts.0, 0);
+        assert!(counts.1.is_empty(), "idle users leave no entry");
+    }
+
+    #[test]
+    fn only_identity_is_an_uncompressed_body() {
+        let check = |values: &[&str], encoded: bool| {
+            let mut headers = HeaderMap::new();
+            for v in values {
+                headers.append(header::CONTENT_ENCODING, HeaderValue::from_str(v).unwrap());
+            }
+            assert_eq!(is_encoded(&headers), encoded, "{values:?}");
+        };
+        check(&[], false);
+        check(&["identity"], false);
+        check(&[" Identity "], false);
+        check(&["gzip"], true);
+        check(&["identity", "gzip"], true);
+        check(&["x-gzip"], true);
+        check(&["deflate"], true);
+    }
 }

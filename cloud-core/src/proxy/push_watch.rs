@@ -36,8 +36,8 @@ impl PushWatch {
         })
     }
 
-    /// Feeds a request chunk. Once the commands are read, remembers them for the webhook: the
-    /// webhook may fire before the response has streamed back.
+    /// Feeds a request chunk to the command parser. Nothing is remembered yet: only what the
+    /// server reports stored counts as seen.
     pub fn request_chunk(&self, chunk: &[u8]) {
         let mut commands = self.commands.lock().unwrap_or_else(|p| p.into_inner());
         if *commands.state() != CommandsState::Reading {
@@ -45,12 +45,7 @@ impl PushWatch {
         }
         commands.feed(chunk);
         match commands.state() {
-            CommandsState::Done(parsed) => {
-                for update in parsed.updates.iter().filter(|u| u.updates_branch()) {
-                    self.recent
-                        .record(self.event(&update.refname, &update.new_oid));
-                }
-            }
+            CommandsState::Done(_) => {}
             CommandsState::Unreadable(why) => {
                 tracing::warn!(user = %self.user, reason = why, "push commands not readable; this push fires no event");
             }

@@ -168,6 +168,8 @@ pub struct Report {
     pub unpack_ok: bool,
     /// Refs the server reported `ok`, in order.
     pub ok_refs: Vec<String>,
+    /// Refs the server reported `ng` (refused), in order.
+    pub ng_refs: Vec<String>,
 }
 
 /// Where the report parser is.
@@ -194,6 +196,7 @@ pub struct ReportParser {
 struct ReportLines {
     unpack_ok: Option<bool>,
     ok_refs: Vec<String>,
+    ng_refs: Vec<String>,
 }
 
 impl ReportLines {
@@ -203,7 +206,12 @@ impl ReportLines {
             Pkt::Flush => {
                 let unpack_ok = self.unpack_ok.ok_or("empty report")?;
                 let ok_refs = std::mem::take(&mut self.ok_refs);
-                return Ok(Some(Report { unpack_ok, ok_refs }));
+                let ng_refs = std::mem::take(&mut self.ng_refs);
+                return Ok(Some(Report {
+                    unpack_ok,
+                    ok_refs,
+                    ng_refs,
+                }));
             }
             Pkt::Data(line) => line,
             Pkt::Delim | Pkt::ResponseEnd => return Err("protocol v2 packet in a report"),
@@ -220,7 +228,10 @@ impl ReportLines {
             Some(_) => {
                 if let Some(refname) = line.strip_prefix("ok ") {
                     self.ok_refs.push(refname.to_owned());
-                } else if !(line.starts_with("ng ") || line.starts_with("option ")) {
+                } else if let Some(refused) = line.strip_prefix("ng ") {
+                    let refname = refused.split(' ').next().unwrap_or(refused);
+                    self.ng_refs.push(refname.to_owned());
+                } else if !line.starts_with("option ") {
                     return Err("unknown report line");
                 }
             }
@@ -299,14 +310,31 @@ impl ReportParser {
 }
 
 /// The branch updates a finished push applied: requested, reported `ok`, and not deletions.
+///
+/// A ref the request names more than once is never applied here: which of its commands the
+/// server stored cannot be told from the report, and an event must not carry an object id that
+/// was not stored. Nor is a ref the report also calls `ng`.
 pub fn applied_updates(commands: &PushCommands, report: &Report) -> Vec<RefUpdate> {
     if !report.unpack_ok {
         return Vec::new();
     }
+    let once = |refname: &str| {
+        commands
+            .updates
+            .iter()
+            .filter(|u| u.refname == refname)
+            .count()
+            == 1
+    };
     commands
         .updates
         .iter()
-        .filter(|u| u.updates_branch() && report.ok_refs.contains(&u.refname))
+        .filter(|u| {
+            u.updates_branch()
+                && once(&u.refname)
+                && report.ok_refs.contains(&u.refname)
+                && !report.ng_refs.contains(&u.refname)
+        })
         .cloned()
         .collect()
 }
@@ -415,9 +443,14 @@ mod tests {
     }
 
     fn done(unpack_ok: bool, refs: &[&str]) -> ReportState {
+        done_with_ng(unpack_ok, refs, &[])
+    }
+
+    fn done_with_ng(unpack_ok: bool, refs: &[&str], ng: &[&str]) -> ReportState {
         ReportState::Done(Report {
             unpack_ok,
             ok_refs: refs.iter().map(|r| r.to_string()).collect(),
+            ng_refs: ng.iter().map(|r| r.to_string()).collect(),
         })
     }
 
@@ -434,7 +467,7 @@ mod tests {
                 false,
                 &plain(&["unpack ok\n", "ng refs/heads/main non-fast-forward\n"])
             ),
-            done(true, &[])
+            done_with_ng(true, &[], &["refs/heads/main"])
         );
         assert_eq!(
             report_of(
@@ -455,7 +488,7 @@ mod tests {
                     "ng refs/heads/main unpacker error\n"
                 ])
             ),
-            done(false, &[])
+            done_with_ng(false, &[], &["refs/heads/main"])
         );
         assert_eq!(
             report_of(false, b"0000"),
@@ -495,11 +528,31 @@ mod tests {
                 "refs/heads/gone".into(),
                 "refs/tags/v1".into(),
             ],
+            ng_refs: vec!["refs/heads/rejected".into()],
         };
         assert_eq!(
             applied_updates(&commands, &report),
             vec![update(NEW, "refs/heads/main")]
         );
+        // The same ref twice: whichever the server stored, no event may name the other.
+        let twice = PushCommands {
+            updates: vec![
+                update(NEW, "refs/heads/main"),
+                update(NEW2, "refs/heads/main"),
+            ],
+            capabilities: vec![],
+        };
+        let one_ok_one_ng = Report {
+            unpack_ok: true,
+            ok_refs: vec!["refs/heads/main".into()],
+            ng_refs: vec!["refs/heads/main".into()],
+        };
+        assert!(applied_updates(&twice, &one_ok_one_ng).is_empty());
+        let both_ok = Report {
+            ng_refs: vec![],
+            ..one_ok_one_ng
+        };
+        assert!(applied_updates(&twice, &both_ok).is_empty());
         let failed = Report {
             unpack_ok: false,
             ..report

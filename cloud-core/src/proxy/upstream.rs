@@ -1,17 +1,19 @@
 //! Where the proxy forwards to: the [`Upstream`] seam, and [`HttpUpstream`], a smart-HTTP git
 //! server reached over the network with the service credentials (GitLab in production).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::TryStreamExt;
 use futures_util::future::BoxFuture;
 use http::{HeaderMap, Response};
 use secrecy::{ExposeSecret, SecretString};
+use tokio::time::Instant;
 
 use super::route::Endpoint;
 use crate::UserId;
-use crate::gitlab::GitLab;
+use crate::gitlab::{GitLab, GitLabError};
 
 /// One request to forward, already authenticated and stripped of the client's credentials.
 pub struct UpstreamRequest {
@@ -24,7 +26,8 @@ pub struct UpstreamRequest {
     pub body: Body,
 }
 
-/// Why forwarding failed. The messages go to the client, so they name no secret.
+/// Why forwarding failed. The messages name no secret; they may name internal hosts, so they
+/// go to the log, and clients get [`UpstreamError::public_message`].
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("the upstream git server could not be reached: {0}")]
@@ -35,6 +38,27 @@ pub enum UpstreamError {
     Repository(String),
     #[error("the upstream git server failed: {0}")]
     Failed(String),
+    #[error(
+        "the upstream rejected the proxy's service credentials; they are not sent again for {retry_after:?} (fix GITLAB_SERVICE_TOKEN and restart serve)"
+    )]
+    CredentialsRejected { retry_after: Duration },
+}
+
+impl UpstreamError {
+    /// What failed, for the client: no host, URL or upstream text.
+    pub fn public_message(&self) -> &'static str {
+        match self {
+            UpstreamError::Unreachable(_) => "the upstream git server could not be reached",
+            UpstreamError::Timeout => "the upstream git server did not answer in time",
+            UpstreamError::Repository(_) => {
+                "the upstream repository for this user could not be prepared"
+            }
+            UpstreamError::Failed(_) => "the upstream git server failed",
+            UpstreamError::CredentialsRejected { .. } => {
+                "the git service is unavailable: the upstream rejected the proxy's credentials, and an operator must fix them"
+            }
+        }
+    }
 }
 
 /// A git smart-HTTP server the proxy forwards to.
@@ -45,6 +69,71 @@ pub trait Upstream: Send + Sync + 'static {
         &self,
         request: UpstreamRequest,
     ) -> BoxFuture<'_, Result<Response<Body>, UpstreamError>>;
+
+    /// Whether the upstream can be used now; the reason when it cannot (for `/healthz`).
+    fn health(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// How long the git path leaves rejected service credentials alone before one request may
+/// try them again. GitLab bans an IP after 30 failed logins in 3 minutes.
+pub const CREDENTIAL_RETRY: Duration = Duration::from_secs(15 * 60);
+
+/// After the upstream answered 401, the credentials are not sent again until `retry_every`
+/// has passed; then exactly one request tries them (and latches again if they still fail).
+#[derive(Debug)]
+pub struct CredentialLatch {
+    retry_every: Duration,
+    rejected_at: Mutex<Option<Instant>>,
+}
+
+impl CredentialLatch {
+    pub fn new(retry_every: Duration) -> CredentialLatch {
+        CredentialLatch {
+            retry_every,
+            rejected_at: Mutex::new(None),
+        }
+    }
+
+    /// `Ok` when a request may carry the credentials now. Taking the one retry slot counts as
+    /// a new rejection until [`CredentialLatch::accepted`] clears it.
+    pub fn admit(&self) -> Result<(), UpstreamError> {
+        let mut rejected_at = self.lock();
+        match *rejected_at {
+            None => Ok(()),
+            Some(at) if at.elapsed() >= self.retry_every => {
+                *rejected_at = Some(Instant::now());
+                Ok(())
+            }
+            Some(at) => Err(UpstreamError::CredentialsRejected {
+                retry_after: self.retry_every.saturating_sub(at.elapsed()),
+            }),
+        }
+    }
+
+    pub fn rejected(&self) {
+        *self.lock() = Some(Instant::now());
+    }
+
+    pub fn accepted(&self) {
+        *self.lock() = None;
+    }
+
+    pub fn state(&self) -> Result<(), String> {
+        match *self.lock() {
+            None => Ok(()),
+            Some(at) => Err(format!(
+                "the upstream rejected the service credentials {}s ago; they are not sent again for {}s (fix GITLAB_SERVICE_TOKEN and restart serve)",
+                at.elapsed().as_secs(),
+                self.retry_every.saturating_sub(at.elapsed()).as_secs()
+            )),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.rejected_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Finds (and if need be creates) the clone URL of a user's repository.
@@ -60,10 +149,12 @@ impl RepoLocator for GitLab {
     fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>> {
         let user = user.clone();
         Box::pin(async move {
-            let project = self
-                .user_project(&user)
-                .await
-                .map_err(|e| UpstreamError::Repository(e.to_string()))?;
+            let project = self.user_project(&user).await.map_err(|e| match e {
+                GitLabError::Unauthorized { .. } => UpstreamError::CredentialsRejected {
+                    retry_after: CREDENTIAL_RETRY,
+                },
+                e => UpstreamError::Repository(e.to_string()),
+            })?;
             Ok(project.http_url_to_repo)
         })
     }
@@ -92,6 +183,7 @@ pub struct HttpUpstream {
     locator: Arc<dyn RepoLocator>,
     username: String,
     password: SecretString,
+    latch: CredentialLatch,
 }
 
 impl HttpUpstream {
@@ -111,6 +203,7 @@ impl HttpUpstream {
             locator,
             username: username.into(),
             password,
+            latch: CredentialLatch::new(CREDENTIAL_RETRY),
         })
     }
 }
@@ -121,7 +214,14 @@ impl Upstream for HttpUpstream {
         request: UpstreamRequest,
     ) -> BoxFuture<'_, Result<Response<Body>, UpstreamError>> {
         Box::pin(async move {
-            let repo = self.locator.repo_url(&request.user).await?;
+            self.latch.admit()?;
+            let repo = match self.locator.repo_url(&request.user).await {
+                Err(UpstreamError::CredentialsRejected { .. }) => {
+                    self.latch.rejected();
+                    return Err(self.latch.admit().expect_err("just latched"));
+                }
+                other => other?,
+            };
             let url = format!("{repo}/{}", request.endpoint.path_and_query());
             let mut builder = self
                 .client
@@ -132,6 +232,12 @@ impl Upstream for HttpUpstream {
                 builder = builder.body(reqwest::Body::wrap_stream(request.body.into_data_stream()));
             }
             let response = builder.send().await.map_err(describe)?;
+            if response.status() == http::StatusCode::UNAUTHORIZED {
+                self.latch.rejected();
+                tracing::error!(user = %request.user, "the upstream rejected the service credentials (401); not sending them again for a while");
+                return Err(self.latch.admit().expect_err("just latched"));
+            }
+            self.latch.accepted();
             if response.status() == http::StatusCode::NOT_FOUND {
                 self.locator.forget(&request.user);
             }
@@ -143,6 +249,10 @@ impl Upstream for HttpUpstream {
             out.body(body)
                 .map_err(|e| UpstreamError::Failed(e.to_string()))
         })
+    }
+
+    fn health(&self) -> Result<(), String> {
+        self.latch.state()
     }
 }
 
@@ -157,5 +267,32 @@ fn describe(e: reqwest::Error) -> UpstreamError {
         UpstreamError::Unreachable(text)
     } else {
         UpstreamError::Failed(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rejected_credentials_are_tried_once_per_retry_period() {
+        let latch = CredentialLatch::new(Duration::from_secs(900));
+        assert!(latch.admit().is_ok() && latch.state().is_ok());
+        latch.rejected();
+        for _ in 0..35 {
+            assert!(matches!(
+                latch.admit(),
+                Err(UpstreamError::CredentialsRejected { .. })
+            ));
+        }
+        assert!(latch.state().is_err());
+        tokio::time::advance(Duration::from_secs(899)).await;
+        assert!(latch.admit().is_err());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(latch.admit().is_ok(), "one request may try again");
+        assert!(latch.admit().is_err(), "and only one");
+        latch.accepted();
+        assert!(latch.admit().is_ok() && latch.admit().is_ok());
+        assert!(latch.state().is_ok());
     }
 }

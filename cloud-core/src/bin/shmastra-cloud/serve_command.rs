@@ -8,10 +8,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use cloud_core::config::Config;
 use cloud_core::proxy::ProxyLimits;
-use cloud_core::serve::{ServeConfig, UpstreamChoice, serve};
+use cloud_core::serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, serve};
 use cloud_core::token::TokenSigner;
-use cloud_core::webhook::WEBHOOK_SECRET_ENV;
-use secrecy::SecretString;
+use cloud_core::webhook::{WEBHOOK_SECRET_ENV, webhook_secret};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -37,6 +36,30 @@ pub struct ServeArgs {
     /// Longest silence within a request or response body.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
+    /// Git requests one user may have in flight; past it, 429 with Retry-After.
+    #[arg(long, default_value_t = 8)]
+    pub max_requests_per_user: usize,
+    /// Git requests in flight for everyone together; past it, 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub max_requests: usize,
+    /// Open connections at most; past it, new connections get 503 and are closed.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Longest time to send a request's headers, and longest idle time between requests on a
+    /// kept-alive connection.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_timeout: Duration,
+    /// Embedded upstream: allow deleting and force-pushing main, recovery/* and tags (they are
+    /// protected by default, as GitLab protects the default branch).
+    #[arg(long)]
+    pub allow_history_rewrite: bool,
+    /// An env var the --on-external-push command inherits (besides PATH, HOME, USER, LANG,
+    /// LC_ALL, TZ, TMPDIR and its SHMASTRA_* values); repeatable. Server secrets are refused.
+    #[arg(long, value_name = "NAME")]
+    pub sync_env: Vec<String>,
+    /// How many --on-external-push runs (each for a different user) go on at once.
+    #[arg(long, default_value_t = 4)]
+    pub parallel_syncs: usize,
 }
 
 pub async fn run(args: ServeArgs) -> Outcome {
@@ -59,7 +82,14 @@ pub async fn run(args: ServeArgs) -> Outcome {
     let webhook_secret = std::env::var(WEBHOOK_SECRET_ENV)
         .ok()
         .filter(|s| !s.is_empty())
-        .map(SecretString::from);
+        .map(|s| webhook_secret(&s))
+        .transpose()
+        .map_err(Failure::config)?;
+    if args.max_requests == 0 || args.max_requests_per_user == 0 || args.max_connections == 0 {
+        return Err(Failure::config(anyhow::anyhow!(
+            "--max-requests, --max-requests-per-user and --max-connections must be at least 1"
+        )));
+    }
     let config = ServeConfig {
         listen: args.listen,
         upstream,
@@ -70,7 +100,17 @@ pub async fn run(args: ServeArgs) -> Outcome {
             max_request_bytes: args.max_request_bytes,
             upstream_timeout: args.upstream_timeout,
             idle_timeout: args.idle_timeout,
+            max_requests_per_user: args.max_requests_per_user,
+            max_requests: args.max_requests,
         },
+        connections: ConnectionLimits {
+            max_connections: args.max_connections,
+            header_timeout: args.header_timeout,
+            ..ConnectionLimits::default()
+        },
+        allow_history_rewrite: args.allow_history_rewrite,
+        sync_env: args.sync_env,
+        parallel_syncs: args.parallel_syncs,
     };
     let mut terminate = signal(SignalKind::terminate())
         .context("installing the SIGTERM handler")
@@ -86,7 +126,10 @@ pub async fn run(args: ServeArgs) -> Outcome {
     let announce = |addr: SocketAddr| println!("listening on {addr}");
     serve(config, announce, shutdown)
         .await
-        .map_err(Failure::runtime)?;
+        .map_err(|e| match e {
+            ServeError::SecretInSyncEnv(_) => Failure::config(e),
+            e => Failure::runtime(e),
+        })?;
     Ok(Success {
         text: "stopped".into(),
         json: json!({ "stopped": true }),
