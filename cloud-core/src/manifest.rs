@@ -1,7 +1,12 @@
 //! `shmastra.json`: the tracked list of the names of a project's secret variables (never their
 //! values), parsed strictly so a restore form asks for exactly the right fields.
+//!
+//! `env` lists the root `.env`'s names. The optional `env_files` maps each other root env
+//! file the watcher never saves (`.env.local`, `.env.production`, ...; see
+//! [`is_env_file_name`]) to its names; it is written only when there is such a file, so a
+//! project without one keeps the exact text earlier versions wrote.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -16,10 +21,24 @@ pub const MAX_NAME_LEN: usize = 256;
 /// Most variables one manifest may list.
 pub const MAX_NAMES: usize = 1000;
 
-/// The parsed manifest: variable names, sorted and unique.
+/// The parsed manifest: variable names, sorted and unique, per file.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Manifest {
     env: Vec<String>,
+    env_files: BTreeMap<String, Vec<String>>,
+}
+
+/// Whether a file name is an env file the watcher never saves (so restore asks for its values):
+/// `.env`, and `.env.<anything>` except the templates `.env.example`, `.env.sample` and
+/// `.env.template`, which hold no secrets by convention and are saved.
+pub fn is_env_file_name(name: &str) -> bool {
+    name == ".env"
+        || (name.starts_with(".env.")
+            && name.len() > ".env.".len()
+            && !name.contains('/')
+            && ![".example", ".sample", ".template"]
+                .iter()
+                .any(|t| name.ends_with(t)))
 }
 
 /// What is wrong with a manifest, and in which file when it came from one.
@@ -51,8 +70,14 @@ pub enum ManifestProblem {
     NotAnObject,
     #[error("the field {0:?} is missing")]
     MissingField(&'static str),
-    #[error("unknown field {0:?} (version 1 has only \"version\" and \"env\")")]
+    #[error("unknown field {0:?} (version 1 has only \"version\", \"env\" and \"env_files\")")]
     UnknownField(String),
+    #[error("\"env_files\" must map env file names to lists of variable names")]
+    EnvFilesNotAMap,
+    #[error(
+        "{0:?} is not an env file name (\".env.<suffix>\" at the project root, not a template)"
+    )]
+    InvalidEnvFile(String),
     #[error("version {0} is not supported: this build reads version {MANIFEST_VERSION}")]
     UnsupportedVersion(String),
     #[error("\"env\" must be a list of variable names")]
@@ -121,9 +146,43 @@ impl Manifest {
         Manifest::parse_value(&text).map_err(at)
     }
 
-    /// The variable names, sorted.
+    /// The root `.env`'s variable names, sorted.
     pub fn env(&self) -> &[String] {
         &self.env
+    }
+
+    /// The other root env files and their names.
+    pub fn env_files(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.env_files
+    }
+
+    /// Adds (or replaces) the names of the env file `file` (not `.env` itself).
+    pub fn with_env_file<I, S>(mut self, file: &str, names: I) -> Result<Manifest, ManifestError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let at = |problem| ManifestError {
+            path: None,
+            problem,
+        };
+        if file == ".env" || !is_env_file_name(file) {
+            return Err(at(ManifestProblem::InvalidEnvFile(file.to_owned())));
+        }
+        let names =
+            Manifest::from_names(names.into_iter().map(Into::into).collect()).map_err(at)?;
+        self.env_files.insert(file.to_owned(), names.env);
+        Ok(self)
+    }
+
+    /// What a restore form must hold: the `.env` names as they are, and each other file's
+    /// names as `FILE:NAME` (`.env.local:API_KEY`).
+    pub fn form_names(&self) -> Vec<String> {
+        let mut names = self.env.clone();
+        for (file, file_names) in &self.env_files {
+            names.extend(file_names.iter().map(|n| format!("{file}:{n}")));
+        }
+        names
     }
 
     /// The canonical text: 2-space indented, names sorted, one trailing newline.
@@ -132,10 +191,13 @@ impl Manifest {
         struct Canonical<'a> {
             version: u64,
             env: &'a [String],
+            #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+            env_files: &'a BTreeMap<String, Vec<String>>,
         }
         let canonical = Canonical {
             version: MANIFEST_VERSION,
             env: &self.env,
+            env_files: &self.env_files,
         };
         let mut text = serde_json::to_string_pretty(&canonical).expect("a manifest serializes");
         text.push('\n');
@@ -177,26 +239,35 @@ impl Manifest {
         }
         if let Some(unknown) = fields
             .keys()
-            .find(|k| !matches!(k.as_str(), "version" | "env"))
+            .find(|k| !matches!(k.as_str(), "version" | "env" | "env_files"))
         {
             return Err(ManifestProblem::UnknownField(unknown.clone()));
         }
         let Some(env) = fields.get("env") else {
             return Err(ManifestProblem::MissingField("env"));
         };
-        let Value::Array(items) = env else {
-            return Err(ManifestProblem::EnvNotAList);
-        };
-        let names = items
-            .iter()
-            .enumerate()
-            .map(|(index, item)| {
-                item.as_str()
-                    .map(str::to_owned)
-                    .ok_or(ManifestProblem::NameNotAString { index })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Manifest::from_names(names)
+        let mut manifest = Manifest::from_names(names_of(env)?)?;
+        match fields.get("env_files") {
+            None => {}
+            Some(Value::Object(files)) => {
+                let mut total = manifest.env.len();
+                for (file, names) in files {
+                    if file == ".env" || !is_env_file_name(file) {
+                        return Err(ManifestProblem::InvalidEnvFile(
+                            file.chars().take(80).collect(),
+                        ));
+                    }
+                    let names = Manifest::from_names(names_of(names)?)?.env;
+                    total += names.len();
+                    if total > MAX_NAMES {
+                        return Err(ManifestProblem::TooManyNames(total));
+                    }
+                    manifest.env_files.insert(file.clone(), names);
+                }
+            }
+            Some(_) => return Err(ManifestProblem::EnvFilesNotAMap),
+        }
+        Ok(manifest)
     }
 
     fn from_names(names: Vec<String>) -> Result<Manifest, ManifestProblem> {
@@ -218,13 +289,91 @@ impl Manifest {
         }
         Ok(Manifest {
             env: seen.into_iter().collect(),
+            env_files: BTreeMap::new(),
         })
     }
+}
+
+/// The strings of a JSON list of names.
+fn names_of(value: &Value) -> Result<Vec<String>, ManifestProblem> {
+    let Value::Array(items) = value else {
+        return Err(ManifestProblem::EnvNotAList);
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            item.as_str()
+                .map(str::to_owned)
+                .ok_or(ManifestProblem::NameNotAString { index })
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_files_are_optional_and_written_only_when_present() {
+        let old = "{\n  \"version\": 1,\n  \"env\": [\n    \"A\"\n  ]\n}\n";
+        let manifest = Manifest::parse(old).unwrap();
+        assert!(manifest.env_files().is_empty());
+        assert_eq!(manifest.to_json(), old);
+        let text = r#"{"version": 1, "env": ["A"], "env_files": {".env.production.local": ["Z"], ".env.local": ["B", "A"]}}"#;
+        let manifest = Manifest::parse(text).unwrap();
+        assert_eq!(manifest.env_files()[".env.local"], ["A", "B"]);
+        assert_eq!(
+            manifest.form_names(),
+            [
+                "A",
+                ".env.local:A",
+                ".env.local:B",
+                ".env.production.local:Z"
+            ]
+        );
+        assert_eq!(Manifest::parse(&manifest.to_json()).unwrap(), manifest);
+        for (bad, says) in [
+            (r#"{"version": 1, "env": [], "env_files": []}"#, "must map"),
+            (
+                r#"{"version": 1, "env": [], "env_files": {".env": []}}"#,
+                "not an env file",
+            ),
+            (
+                r#"{"version": 1, "env": [], "env_files": {"a/.env.x": []}}"#,
+                "not an env file",
+            ),
+            (
+                r#"{"version": 1, "env": [], "env_files": {".env.example": []}}"#,
+                "not an env file",
+            ),
+            (
+                r#"{"version": 1, "env": [], "env_files": {".env.x": ["1A"]}}"#,
+                "not a valid",
+            ),
+        ] {
+            let err = problem(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn env_file_names() {
+        for (name, is) in [
+            (".env", true),
+            (".env.local", true),
+            (".env.production", true),
+            (".env.development.local", true),
+            (".env.example", false),
+            (".env.sample", false),
+            (".env.template", false),
+            (".env.", false),
+            (".envrc", false),
+            ("env.local", false),
+        ] {
+            assert_eq!(is_env_file_name(name), is, "{name}");
+        }
+    }
 
     fn problem(text: &str) -> String {
         Manifest::parse(text).unwrap_err().to_string()

@@ -137,7 +137,8 @@ impl RestoreForm {
         manifest: &Manifest,
         submitted: impl IntoIterator<Item = (String, SecretValue)>,
     ) -> Result<RestoreForm, RestoreFormError> {
-        let expected: BTreeSet<&str> = manifest.env().iter().map(String::as_str).collect();
+        let form_names = manifest.form_names();
+        let expected: BTreeSet<&str> = form_names.iter().map(String::as_str).collect();
         let mut problems = Vec::new();
         let mut values = BTreeMap::new();
         let mut total = 0usize;
@@ -205,15 +206,34 @@ impl RestoreForm {
 /// `'` as `\'`, and `\` as `\\` (inside quotes, dotenvy's line splitter would take `\'` for an
 /// escaped quote and run the value into the next line).
 pub fn render_env(form: &RestoreForm) -> SecretValue {
+    render(form, None)
+}
+
+/// The text of the env file `file` (`.env.local`, ...) from the form's `FILE:NAME` values,
+/// quoted as [`render_env`] quotes them.
+pub fn render_env_file(form: &RestoreForm, file: &str) -> SecretValue {
+    render(form, Some(file))
+}
+
+fn render(form: &RestoreForm, file: Option<&str>) -> SecretValue {
+    let of_file = |name: &str| -> Option<usize> {
+        match (file, name.split_once(':')) {
+            (None, None) => Some(0),
+            (Some(file), Some((f, _))) if f == file => Some(file.len() + 1),
+            _ => None,
+        }
+    };
     // Sized for the worst case (`a'a'...` costs 3 bytes per character) so the buffer never
     // grows: a reallocation would leave an unzeroed copy of the secrets behind.
     let capacity = form
         .iter()
+        .filter(|(name, _)| of_file(name).is_some())
         .map(|(name, value)| name.len() + 3 * value.len() + 4)
         .sum();
     let mut out = String::with_capacity(capacity);
     for (name, value) in form.iter() {
-        out.push_str(name);
+        let Some(skip) = of_file(name) else { continue };
+        out.push_str(&name[skip..]);
         out.push('=');
         push_quoted(&mut out, value.expose());
         out.push('\n');
@@ -253,6 +273,42 @@ fn push_quoted(out: &mut String, value: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn other_env_files_are_asked_for_as_file_colon_name_and_rendered_apart() {
+        let manifest = Manifest::new(["A"])
+            .unwrap()
+            .with_env_file(".env.local", ["B"])
+            .unwrap();
+        let form = RestoreForm::validate(
+            &manifest,
+            [
+                ("A".to_owned(), SecretValue::new("root".to_owned())),
+                (
+                    ".env.local:B".to_owned(),
+                    SecretValue::new("local".to_owned()),
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(render_env(&form).expose(), "A='root'\n");
+        assert_eq!(render_env_file(&form, ".env.local").expose(), "B='local'\n");
+        let missing = RestoreForm::validate(
+            &manifest,
+            [("A".to_owned(), SecretValue::new("root".to_owned()))],
+        )
+        .unwrap_err();
+        assert!(missing.to_string().contains(".env.local:B"), "{missing}");
+        let unqualified = RestoreForm::validate(
+            &manifest,
+            [
+                ("A".to_owned(), SecretValue::new("root".to_owned())),
+                ("B".to_owned(), SecretValue::new("local".to_owned())),
+            ],
+        )
+        .unwrap_err();
+        assert!(unqualified.to_string().contains("B"), "{unqualified}");
+    }
     use proptest::prelude::*;
 
     fn manifest(names: &[&str]) -> Manifest {

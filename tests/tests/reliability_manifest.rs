@@ -25,13 +25,27 @@ proptest! {
     #[test]
     fn every_manifest_the_watcher_writes_is_one_the_cloud_accepts(
         lines in prop::collection::vec(env_line(), 0..8),
+        files in prop::collection::btree_map(
+            "\\.env\\.(local|production|development\\.local|[a-z]{1,6})",
+            prop::collection::vec(env_line(), 0..4),
+            0..3,
+        ),
     ) {
         let text = lines.join("\n");
         let (names, _malformed) = project_watcher::manifest::env_names(text.as_bytes());
-        let written = project_watcher::manifest::render(&names);
+        let env_files: std::collections::BTreeMap<String, Vec<String>> = files
+            .into_iter()
+            .filter(|(file, _)| project_watcher::filter::is_env_file_name(file))
+            .map(|(file, lines)| {
+                let text = lines.join("\n");
+                (file, project_watcher::manifest::env_names(text.as_bytes()).0)
+            })
+            .collect();
+        let written = project_watcher::manifest::render_with_files(&names, &env_files);
         let parsed = Manifest::parse(&written);
         prop_assert!(parsed.is_ok(), "{text:?} -> {written}: {parsed:?}");
         let manifest = parsed.unwrap();
         prop_assert_eq!(manifest.env(), names.as_slice());
+        prop_assert_eq!(manifest.env_files(), &env_files);
     }
 }

@@ -59,6 +59,9 @@ pub enum ConfigError {
 
 /// Everything the daemon needs. Build it with [`Config::new`] and adjust the public fields;
 /// [`Config::validate`] checks the combinations.
+/// See [`Config::event_buffer`].
+pub const DEFAULT_EVENT_BUFFER: usize = 4096;
+
 #[derive(Clone)]
 pub struct Config {
     /// The project directory: the top of a git working tree.
@@ -78,6 +81,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// From `PROJECT_TOKEN` only; never printed.
     pub token: Option<String>,
+    /// Raw inotify events buffered before the watch stage; when full, everything is
+    /// rescanned. Not a flag: tests lower it to force that path.
+    pub event_buffer: usize,
 }
 
 impl fmt::Debug for Config {
@@ -118,6 +124,7 @@ impl Config {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             log_format: LogFormat::Auto,
             token: None,
+            event_buffer: DEFAULT_EVENT_BUFFER,
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use git2::{Oid, Repository};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::changes::Changes;
@@ -211,6 +211,7 @@ impl Saver {
         workdir: &Path,
         git_dir: &Path,
         filter: Arc<RwLock<Filter>>,
+        tracked_ignored_changed: Arc<Notify>,
         max_file_size: u64,
     ) -> Result<SaveWorker, DaemonError> {
         let (jobs, rx) = std::sync::mpsc::channel::<SaveJob>();
@@ -225,7 +226,13 @@ impl Saver {
                         source,
                     })
                     .and_then(|repo| {
-                        let stager = Stager::new(&repo, &workdir, filter, max_file_size)?;
+                        let stager = Stager::new(
+                            &repo,
+                            &workdir,
+                            filter,
+                            tracked_ignored_changed,
+                            max_file_size,
+                        )?;
                         Ok(Saver {
                             repo,
                             stager,
@@ -307,7 +314,11 @@ fn setup(config: &Config) -> Result<Setup, DaemonError> {
         }
         _ => {}
     }
-    let (filter, warnings) = Filter::new(&workdir, &git_dir, excludes_file(&reader));
+    let ignore_case = reader
+        .config()
+        .and_then(|c| c.get_bool("core.ignoreCase"))
+        .unwrap_or(false);
+    let (filter, warnings) = Filter::new(&workdir, &git_dir, excludes_file(&reader), ignore_case);
     watch_stage::report_rule_warnings(&warnings);
     Ok(Setup {
         reader,
@@ -461,10 +472,20 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // Written before the watches exist, so the watcher does not see its own write as a change.
     sync_manifest(&workdir, &git_dir).await?;
     let (problems_tx, mut problems) = watch::channel(None);
+    let tracked_ignored_changed = Arc::new(Notify::new());
     let watcher = {
         let (workdir, git_dir, filter) = (workdir.clone(), git_dir.clone(), Arc::clone(&filter));
+        let tracked_ignored_changed = Arc::clone(&tracked_ignored_changed);
+        let event_buffer = config.event_buffer;
         tokio::task::spawn_blocking(move || {
-            TreeWatcher::start(&workdir, &git_dir, filter, problems_tx)
+            TreeWatcher::start(
+                &workdir,
+                &git_dir,
+                filter,
+                problems_tx,
+                tracked_ignored_changed,
+                event_buffer,
+            )
         })
         .await
         .expect("starting the watches does not panic")?
@@ -474,6 +495,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         &workdir,
         &git_dir,
         Arc::clone(&filter),
+        tracked_ignored_changed,
         config.max_file_size,
     )?;
     // A failed first pass (a stale lock, a full disk, a read-only `.git`) is retried like any
@@ -725,7 +747,13 @@ pub async fn once(config: Config) -> Result<(), DaemonError> {
         crate::scan::kept_dirs(&workdir, Path::new(""), &mut filter, &mut warnings, |_| {});
         watch_stage::report_rule_warnings(&warnings);
     }
-    let saver = Saver::spawn(&workdir, &git_dir, filter, config.max_file_size)?;
+    let saver = Saver::spawn(
+        &workdir,
+        &git_dir,
+        filter,
+        Arc::new(Notify::new()),
+        config.max_file_size,
+    )?;
     let saved = saver.save(Changes::everything()).await?;
     match saved.committed {
         Some(c) => log_commit(&c),

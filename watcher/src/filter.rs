@@ -5,8 +5,15 @@
 //! A path under an ignored directory is ignored whatever its own rules say, which is why
 //! callers walk top-down and never ask about the children of an ignored directory.
 //! On top of git's rules, `.git` is always ignored and so is anything named `.env`.
+//!
+//! Lines are read as git reads them, not as the `ignore` crate would: braces are literal (git
+//! has no `{a,b}` alternation), a line with an unclosed `[` matches nothing, and
+//! `core.ignoreCase` makes every rule case-insensitive.
+//!
+//! Tracked paths that a rule matches stay tracked (git updates them): the stage records them
+//! here, so that the watch stage keeps watching their directories.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use ignore::Match;
@@ -30,11 +37,19 @@ pub struct RuleWarning(pub String);
 
 pub struct Filter {
     workdir: PathBuf,
+    git_dir: PathBuf,
     info_exclude: PathBuf,
     excludes_file: Option<PathBuf>,
     /// Rules of each kept directory that has a `.gitignore`, by relative directory.
     per_dir: HashMap<PathBuf, Gitignore>,
     repo_rules: Vec<Gitignore>,
+    /// `core.ignoreCase`.
+    ignore_case: bool,
+    /// Tracked paths a rule matches (not skip-worktree ones), kept current by the stage.
+    tracked_ignored: BTreeSet<PathBuf>,
+    /// The sparse-checkout patterns when `core.sparseCheckout` is on: `git add -A` adds no
+    /// untracked path outside them.
+    sparse: Option<Gitignore>,
 }
 
 impl Filter {
@@ -44,26 +59,53 @@ impl Filter {
         workdir: &Path,
         git_dir: &Path,
         excludes_file: Option<PathBuf>,
+        ignore_case: bool,
     ) -> (Self, Vec<RuleWarning>) {
         let mut filter = Self {
             workdir: workdir.to_owned(),
+            git_dir: git_dir.to_owned(),
             info_exclude: git_dir.join("info").join("exclude"),
             excludes_file,
             per_dir: HashMap::new(),
             repo_rules: Vec::new(),
+            ignore_case,
+            tracked_ignored: BTreeSet::new(),
+            sparse: None,
         };
         let warnings = filter.reload_repo_rules();
         (filter, warnings)
     }
 
-    /// Re-reads `.git/info/exclude` and `core.excludesFile`.
+    /// Re-reads `.git/info/exclude`, `core.excludesFile` and the sparse-checkout patterns.
     pub fn reload_repo_rules(&mut self) -> Vec<RuleWarning> {
         let mut warnings = Vec::new();
+        // `git sparse-checkout` writes the setting to `config.worktree` when it can.
+        let sparse_on = ["config.worktree", "config"]
+            .iter()
+            .find_map(|file| {
+                let path = self.git_dir.join(file);
+                path.is_file()
+                    .then(|| {
+                        git2::Config::open(&path).and_then(|c| c.get_bool("core.sparseCheckout"))
+                    })
+                    .and_then(Result::ok)
+            })
+            .unwrap_or(false);
+        self.sparse = if sparse_on {
+            read_rules(
+                &self.workdir,
+                &self.sparse_file(),
+                self.ignore_case,
+                &mut warnings,
+            )
+        } else {
+            None
+        };
         let files = [Some(self.info_exclude.clone()), self.excludes_file.clone()];
         self.repo_rules = files
             .into_iter()
             .flatten()
-            .filter_map(|file| read_rules(&self.workdir, &file, &mut warnings))
+            .filter_map(|file| read_rules(&self.workdir, &file, self.ignore_case, &mut warnings))
             .collect();
         warnings
     }
@@ -72,7 +114,12 @@ impl Filter {
     pub fn load_dir(&mut self, dir: &Path) -> Vec<RuleWarning> {
         let mut warnings = Vec::new();
         let file = self.workdir.join(dir).join(".gitignore");
-        match read_rules(&self.workdir.join(dir), &file, &mut warnings) {
+        match read_rules(
+            &self.workdir.join(dir),
+            &file,
+            self.ignore_case,
+            &mut warnings,
+        ) {
             Some(rules) => {
                 self.per_dir.insert(dir.to_owned(), rules);
             }
@@ -115,6 +162,30 @@ impl Filter {
         false
     }
 
+    /// Whether an untracked `rel` lies outside the sparse checkout, where `git add -A` adds
+    /// nothing: the nearest of it and its directories that a pattern matches decides.
+    pub fn outside_sparse(&self, rel: &Path, is_dir: bool) -> bool {
+        let Some(sparse) = &self.sparse else {
+            return false;
+        };
+        let mut path = Some(rel);
+        let mut dir = is_dir;
+        while let Some(p) = path.filter(|p| !p.as_os_str().is_empty()) {
+            match sparse.matched(self.workdir.join(p), dir) {
+                Match::Ignore(_) => return false,
+                Match::Whitelist(_) => return true,
+                Match::None => {}
+            }
+            path = p.parent();
+            dir = true;
+        }
+        true
+    }
+
+    fn sparse_file(&self) -> PathBuf {
+        self.git_dir.join("info").join("sparse-checkout")
+    }
+
     /// Whether `rel` and every directory above it are kept: the check for a path that did not
     /// come from a top-down walk.
     pub fn is_kept(&self, rel: &Path, is_dir: bool) -> bool {
@@ -128,7 +199,10 @@ impl Filter {
 
     /// Which rules file `abs` is, if any.
     pub fn rules_file(&self, rel: Option<&Path>, abs: &Path) -> Option<RulesFile> {
-        if abs == self.info_exclude || self.excludes_file.as_deref() == Some(abs) {
+        if abs == self.info_exclude
+            || abs == self.sparse_file()
+            || self.excludes_file.as_deref() == Some(abs)
+        {
             return Some(RulesFile::Repo);
         }
         let rel = rel?;
@@ -143,24 +217,96 @@ impl Filter {
     pub fn excludes_file(&self) -> Option<&Path> {
         self.excludes_file.as_deref()
     }
-}
 
-/// `.git` at any depth, and `.env` files.
-fn is_always_ignored(rel: &Path) -> bool {
-    rel.components().any(|c| c.as_os_str() == ".git")
-        || rel.file_name().is_some_and(|n| n == ENV_FILE)
-}
-
-fn read_rules(root: &Path, file: &Path, warnings: &mut Vec<RuleWarning>) -> Option<Gitignore> {
-    if !file.is_file() {
-        return None;
+    /// Whether `rel` is tracked although ignored (git keeps updating it).
+    pub fn is_tracked_ignored(&self, rel: &Path) -> bool {
+        self.tracked_ignored.contains(rel)
     }
+
+    /// Whether `dir` is, or holds, a tracked path that is ignored: such a directory is watched.
+    pub fn holds_tracked_ignored(&self, dir: &Path) -> bool {
+        self.tracked_ignored
+            .range(dir.to_owned()..)
+            .next()
+            .is_some_and(|p| p.starts_with(dir))
+    }
+
+    /// Replaces the tracked ignored paths at or under `scope` (everything for the empty path)
+    /// by `paths`. Returns whether the set changed.
+    pub fn set_tracked_ignored(&mut self, scope: &Path, paths: Vec<PathBuf>) -> bool {
+        let before: Vec<PathBuf> = self
+            .tracked_ignored
+            .range(scope.to_owned()..)
+            .take_while(|p| p.starts_with(scope))
+            .cloned()
+            .collect();
+        let mut after = paths;
+        after.sort();
+        after.dedup();
+        if before == after {
+            return false;
+        }
+        for p in before {
+            self.tracked_ignored.remove(&p);
+        }
+        self.tracked_ignored.extend(after);
+        true
+    }
+}
+
+/// `.git` at any depth, and env files: never saved, even when tracked.
+pub fn is_always_ignored(rel: &Path) -> bool {
+    rel.components().any(|c| c.as_os_str() == ".git")
+        || rel
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(is_env_file_name)
+}
+
+/// The usual homes of secrets in Node projects, never saved: `.env`, and `.env.<anything>`
+/// (`.env.local`, `.env.production`, `.env.development.local`, ...) except the templates
+/// `.env.example`, `.env.sample` and `.env.template`. Restore asks for their values (the
+/// manifest lists the names of those at the root).
+pub fn is_env_file_name(name: &str) -> bool {
+    name == ENV_FILE
+        || (name.starts_with(".env.")
+            && name.len() > ".env.".len()
+            && ![".example", ".sample", ".template"]
+                .iter()
+                .any(|t| name.ends_with(t)))
+}
+
+fn read_rules(
+    root: &Path,
+    file: &Path,
+    ignore_case: bool,
+    warnings: &mut Vec<RuleWarning>,
+) -> Option<Gitignore> {
+    let Ok(bytes) = std::fs::read(file) else {
+        return None;
+    };
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let mut builder = GitignoreBuilder::new(root);
-    if let Some(err) = builder.add(file) {
-        warnings.push(RuleWarning(format!(
-            "{}: some lines were skipped: {err}",
-            file.display()
-        )));
+    builder.case_insensitive(ignore_case).ok()?;
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let problem = match std::str::from_utf8(line) {
+            Ok(line) => match as_git_reads_it(line) {
+                Some(line) => builder
+                    .add_line(Some(file.to_owned()), &line)
+                    .err()
+                    .map(|e| e.to_string()),
+                None => None,
+            },
+            Err(_) => Some("not UTF-8".to_owned()),
+        };
+        if let Some(problem) = problem {
+            warnings.push(RuleWarning(format!(
+                "{}: line {} was skipped: {problem}",
+                file.display(),
+                i + 1
+            )));
+        }
     }
     match builder.build() {
         Ok(rules) => Some(rules),
@@ -170,6 +316,81 @@ fn read_rules(root: &Path, file: &Path, warnings: &mut Vec<RuleWarning>) -> Opti
                 file.display()
             )));
             None
+        }
+    }
+}
+
+/// A rules line rewritten so that the `ignore` crate's glob reads it as git's wildmatch does:
+/// braces escaped (git has no alternation). `None` for a line git can never match (an
+/// unclosed `[`).
+fn as_git_reads_it(line: &str) -> Option<String> {
+    // A pattern ending in a lone `\` (before a trailing `/`) is an escape of nothing, which
+    // git's wildmatch never matches; the crate would read it as something else.
+    let pattern = trim_unescaped_trailing_spaces(line);
+    let pattern = pattern.strip_suffix('/').unwrap_or(pattern);
+    let backslashes = pattern.bytes().rev().take_while(|&b| b == b'\\').count();
+    if backslashes % 2 == 1 {
+        return None;
+    }
+    let mut out = String::with_capacity(line.len() + 4);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                out.push(c);
+                if let Some(next) = chars.next() {
+                    out.push(next);
+                }
+            }
+            '{' | '}' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '[' => {
+                let class = closed_class(&mut chars)?;
+                out.push('[');
+                out.push_str(&class);
+            }
+            _ => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// Git drops trailing spaces unless a backslash escapes them.
+fn trim_unescaped_trailing_spaces(line: &str) -> &str {
+    let mut end = line.len();
+    while line[..end].ends_with(' ') {
+        let before = &line[..end - 1];
+        let escapes = before.bytes().rev().take_while(|&b| b == b'\\').count();
+        if escapes % 2 == 1 {
+            break;
+        }
+        end -= 1;
+    }
+    &line[..end]
+}
+
+/// The rest of a `[...]` class after its `[`, through its `]`; `None` when it never closes.
+fn closed_class(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Option<String> {
+    let mut class = String::new();
+    if let Some(&c) = chars.peek()
+        && (c == '!' || c == '^')
+    {
+        class.push(c);
+        chars.next();
+    }
+    if chars.peek() == Some(&']') {
+        class.push(']');
+        chars.next();
+    }
+    loop {
+        let c = chars.next()?;
+        class.push(c);
+        match c {
+            ']' => return Some(class),
+            '\\' => class.push(chars.next()?),
+            _ => {}
         }
     }
 }
@@ -188,7 +409,7 @@ mod tests {
             fs::create_dir_all(p.parent().unwrap()).unwrap();
             fs::write(p, body).unwrap();
         }
-        let (mut filter, _) = Filter::new(dir.path(), &git, None);
+        let (mut filter, _) = Filter::new(dir.path(), &git, None, false);
         for d in ["", "a", "a/b", "c"] {
             filter.load_dir(Path::new(d));
         }
@@ -227,6 +448,12 @@ mod tests {
         check("sub/.git", false, true);
         check(".env", false, true);
         check("a/.env", false, true);
+        check(".env.local", false, true);
+        check(".env.production", false, true);
+        check("a/.env.development.local", false, true);
+        check(".env.example", false, false);
+        check(".env.sample", false, false);
+        check(".envrc", false, false);
         check("src/main.rs", false, false);
     }
 
@@ -237,13 +464,49 @@ mod tests {
     }
 
     #[test]
-    fn a_malformed_line_is_reported_and_the_rest_still_applies() {
+    fn lines_read_as_git_reads_them() {
+        let check = |line: &str, expected: Option<&str>| {
+            assert_eq!(as_git_reads_it(line).as_deref(), expected, "{line:?}");
+        };
+        check("*.{js,map}", Some("*.\\{js,map\\}"));
+        check("\\{x", Some("\\{x"));
+        check("[abc", None);
+        check("foo[", None);
+        check("[]a]x", Some("[]a]x"));
+        check("[!]]", Some("[!]]"));
+        check("[a\\]", None);
+        check("plain/path", Some("plain/path"));
+        check("\\/", None);
+        check("a\\", None);
+        check("a\\\\", Some("a\\\\"));
+        check("trail\\ ", Some("trail\\ "));
+        check("x\\   ", Some("x\\   "));
+    }
+
+    #[test]
+    fn braces_are_literal_and_an_unclosed_class_matches_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        fs::write(dir.path().join(".gitignore"), "a{b\n*.tmp\n").unwrap();
-        let (mut filter, _) = Filter::new(dir.path(), &dir.path().join(".git"), None);
+        fs::write(dir.path().join(".gitignore"), "*.{js,map}\n[abc\n*.tmp\n").unwrap();
+        let (mut filter, _) = Filter::new(dir.path(), &dir.path().join(".git"), None, false);
         let warnings = filter.load_dir(Path::new(""));
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings.is_empty(), "{warnings:?}");
         assert!(filter.is_ignored(Path::new("x.tmp"), false));
+        assert!(filter.is_ignored(Path::new("a.{js,map}"), false));
+        assert!(!filter.is_ignored(Path::new("a.js"), false));
+        assert!(!filter.is_ignored(Path::new("[abc"), false));
+        assert!(!filter.is_ignored(Path::new("a"), false));
+    }
+
+    #[test]
+    fn ignore_case_applies_to_every_rule() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(".gitignore"), "A.TXT\n").unwrap();
+        for (ignore_case, ignored) in [(false, false), (true, true)] {
+            let (mut filter, _) =
+                Filter::new(dir.path(), &dir.path().join(".git"), None, ignore_case);
+            filter.load_dir(Path::new(""));
+            assert_eq!(filter.is_ignored(Path::new("a.txt"), false), ignored);
+        }
     }
 
     #[test]

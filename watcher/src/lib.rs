@@ -21,6 +21,7 @@ pub mod restore_at;
 pub mod retry;
 pub mod scan;
 mod smart_http;
+pub mod sparse;
 pub mod stage;
 pub mod status;
 pub mod sync;

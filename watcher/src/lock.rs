@@ -60,6 +60,16 @@ impl InstanceLock {
     }
 }
 
+/// Whether a watcher holds the instance lock of this repository. Probes with a shared lock,
+/// which a watcher starting at that instant would see as held for a moment only.
+pub fn watcher_running(git_dir: &Path) -> bool {
+    let path = state_dir(git_dir).join("instance.lock");
+    let Ok(file) = File::open(&path) else {
+        return false;
+    };
+    matches!(file.try_lock_shared(), Err(TryLockError::WouldBlock))
+}
+
 /// Held around every git mutation (stage + commit, restore, sync). Released on drop.
 #[derive(Debug)]
 pub struct RepoLock {

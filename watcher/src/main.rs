@@ -392,21 +392,38 @@ fn status(args: StatusArgs) -> ExitCode {
             return ExitCode::from(e.exit_code());
         }
     };
-    match project_watcher::status::read(&git_dir) {
-        Ok(status) if args.json => match serde_json::to_string_pretty(&status) {
-            Ok(json) => {
-                println!("{json}");
-                ExitCode::SUCCESS
-            }
+    let running = project_watcher::lock::watcher_running(&git_dir);
+    let read = project_watcher::status::read(&git_dir);
+    if let Ok(status) = &read {
+        let shown = if args.json {
+            serde_json::to_string_pretty(status).map_err(|e| e.to_string())
+        } else if running {
+            Ok(status.to_string())
+        } else {
+            Ok(status.stopped().to_string())
+        };
+        match shown {
+            Ok(text) => println!("{text}"),
             Err(e) => {
                 eprintln!("project-watcher: {e}");
-                ExitCode::from(1)
+                return ExitCode::from(1);
             }
-        },
-        Ok(status) => {
-            println!("{status}");
-            ExitCode::SUCCESS
         }
+    }
+    if !running {
+        eprintln!(
+            "project-watcher: no watcher is running on {}{}",
+            args.dir.display(),
+            if read.is_ok() {
+                " (shown: the last status the stopped watcher wrote)"
+            } else {
+                ""
+            }
+        );
+        return ExitCode::from(3);
+    }
+    match read {
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("project-watcher: {e}");
             ExitCode::from(1)

@@ -1,6 +1,8 @@
 //! `shmastra.json`: the names (never the values) of the variables in `.env`, so a restore
-//! knows which secrets to ask for.
+//! knows which secrets to ask for; and, under `env_files` (only when there is one), those of
+//! the other root env files the watcher never saves (`.env.local`, `.env.production`, ...).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::Path;
@@ -32,14 +34,23 @@ pub fn env_names(text: &[u8]) -> (Vec<String>, usize) {
 
 /// The manifest text for these names: 2-space indented JSON with one trailing newline.
 pub fn render(names: &[String]) -> String {
+    render_with_files(names, &BTreeMap::new())
+}
+
+/// [`render`] with the names of the other env files; `env_files` is left out when empty, so a
+/// project without such a file keeps the manifest it always had.
+pub fn render_with_files(names: &[String], env_files: &BTreeMap<String, Vec<String>>) -> String {
     #[derive(serde::Serialize)]
     struct Manifest<'a> {
         version: u32,
         env: &'a [String],
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        env_files: &'a BTreeMap<String, Vec<String>>,
     }
     let body = Manifest {
         version: 1,
         env: names,
+        env_files,
     };
     let mut text = serde_json::to_string_pretty(&body).expect("names always serialise");
     text.push('\n');
@@ -49,19 +60,34 @@ pub fn render(names: &[String]) -> String {
 /// Brings `workdir/shmastra.json` in line with `workdir/.env`, writing it (atomically) only
 /// when its content would change. Returns whether it wrote.
 pub fn sync(workdir: &Path) -> io::Result<bool> {
-    let env = match fs::read(workdir.join(crate::filter::ENV_FILE)) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e),
+    let names_in = |file: &str| -> io::Result<Vec<String>> {
+        let env = match fs::read(workdir.join(file)) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let (names, malformed) = env_names(&env);
+        if malformed > 0 {
+            tracing::warn!(
+                file,
+                malformed,
+                "skipped env file entries that could not be parsed (their text is not shown)"
+            );
+        }
+        Ok(names)
     };
-    let (names, malformed) = env_names(&env);
-    if malformed > 0 {
-        tracing::warn!(
-            malformed,
-            "skipped .env entries that could not be parsed (their text is not shown)"
-        );
+    let names = names_in(crate::filter::ENV_FILE)?;
+    let mut env_files = BTreeMap::new();
+    for entry in fs::read_dir(workdir)?.flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let is_file = fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
+        if name != crate::filter::ENV_FILE && is_file && crate::filter::is_env_file_name(&name) {
+            env_files.insert(name.clone(), names_in(&name)?);
+        }
     }
-    let wanted = render(&names);
+    let wanted = render_with_files(&names, &env_files);
     let path = workdir.join(MANIFEST_FILE);
     if fs::read(&path).is_ok_and(|current| current == wanted.as_bytes()) {
         return Ok(false);
@@ -123,5 +149,23 @@ mod tests {
         );
         fs::write(dir.path().join(".env"), "API_KEY=changed\n").unwrap();
         assert!(!sync(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn other_env_files_get_their_own_lists_and_templates_none() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(".env"), "A=1\n").unwrap();
+        fs::write(dir.path().join(".env.local"), "LOCAL_KEY=secret-value\n").unwrap();
+        fs::write(dir.path().join(".env.production"), "PROD=x\nB=y\n").unwrap();
+        fs::write(dir.path().join(".env.example"), "EXAMPLE=\n").unwrap();
+        assert!(sync(dir.path()).unwrap());
+        let text = fs::read_to_string(dir.path().join(MANIFEST_FILE)).unwrap();
+        assert_eq!(
+            text,
+            "{\n  \"version\": 1,\n  \"env\": [\n    \"A\"\n  ],\n  \"env_files\": {\n    \
+             \".env.local\": [\n      \"LOCAL_KEY\"\n    ],\n    \".env.production\": [\n      \
+             \"B\",\n      \"PROD\"\n    ]\n  }\n}\n"
+        );
+        assert!(!text.contains("secret-value"));
     }
 }

@@ -198,8 +198,8 @@ fn remove_untracked_files(repo: &Repository, workdir: &Path) -> Result<(), git2:
     Ok(())
 }
 
-/// Adds `.env` to `.git/info/exclude` unless it is there: a file named `.env` holds secrets
-/// and is never committed, whatever `.gitignore` says.
+/// Adds the env file rules ([`ENV_EXCLUDES`]) to `.git/info/exclude` unless they are there:
+/// those files hold secrets and are never committed, whatever `.gitignore` says.
 pub fn exclude_env_files(git_dir: &Path) -> Result<(), RestoreError> {
     let path = git_dir.join("info").join("exclude");
     let exclude_err = |source| RestoreError::Exclude {
@@ -211,7 +211,12 @@ pub fn exclude_env_files(git_dir: &Path) -> Result<(), RestoreError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(exclude_err(e)),
     };
-    if current.lines().any(|line| line.trim() == ".env") {
+    let missing: Vec<&str> = ENV_EXCLUDES
+        .iter()
+        .copied()
+        .filter(|line| !current.lines().any(|l| l.trim() == *line))
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
     fs::create_dir_all(git_dir.join("info")).map_err(exclude_err)?;
@@ -225,8 +230,18 @@ pub fn exclude_env_files(git_dir: &Path) -> Result<(), RestoreError> {
     } else {
         "\n"
     };
-    writeln!(file, "{separator}.env").map_err(exclude_err)
+    writeln!(file, "{separator}{}", missing.join("\n")).map_err(exclude_err)
 }
+
+/// The env files the watcher never saves (`filter::is_env_file_name`), as ignore rules, so a
+/// restore's clean keeps them too.
+const ENV_EXCLUDES: &[&str] = &[
+    ".env",
+    ".env.*",
+    "!.env.example",
+    "!.env.sample",
+    "!.env.template",
+];
 
 #[cfg(test)]
 mod tests {
@@ -427,7 +442,7 @@ mod tests {
         exclude_env_files(tmp.path()).unwrap();
         assert_eq!(
             fs::read_to_string(tmp.path().join("info/exclude")).unwrap(),
-            "*.log\n.env\n"
+            "*.log\n.env\n.env.*\n!.env.example\n!.env.sample\n!.env.template\n"
         );
     }
 }

@@ -12,31 +12,70 @@ use crate::filter::{Filter, RuleWarning};
 pub enum EntryKind {
     /// A regular file or a symlink (committed as a link, never followed).
     File,
-    /// A directory holding its own `.git`: recorded as a gitlink, not entered.
+    /// A directory holding a repository of its own and nothing tracked: recorded as a
+    /// gitlink, not entered.
     NestedRepo,
+    /// A directory the index holds as a gitlink (a submodule), checked out or not.
+    Gitlink,
 }
 
-/// A directory that holds a `.git` of its own.
+/// What the index holds at or under a directory, which decides how `git add -A` walks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirInIndex {
+    /// A gitlink: never entered, whatever the directory holds.
+    Gitlink,
+    /// Tracked paths below it: entered even when it holds a repository of its own.
+    Tracked,
+    /// Nothing: a repository there is a new gitlink, anything else is entered.
+    Untracked,
+}
+
+/// A directory that holds a repository of its own, as git decides it: a `.git` directory with
+/// `objects/`, `refs/` and a valid `HEAD`, or a `.git` file (`gitdir: PATH`) pointing at one.
+/// A garbage `.git` file or an empty `.git` directory does not count: git walks into those.
 pub fn is_nested_repo(abs_dir: &Path) -> bool {
-    fs::symlink_metadata(abs_dir.join(".git")).is_ok()
+    let dot_git = abs_dir.join(".git");
+    let Ok(meta) = fs::symlink_metadata(&dot_git) else {
+        return false;
+    };
+    if meta.is_dir() {
+        return is_git_dir(&dot_git);
+    }
+    if !meta.is_file() {
+        return false;
+    }
+    let Ok(text) = fs::read_to_string(&dot_git) else {
+        return false;
+    };
+    let Some(target) = text.strip_prefix("gitdir: ") else {
+        return false;
+    };
+    is_git_dir(&abs_dir.join(target.trim_end_matches(['\n', '\r'])))
 }
 
-/// The kind of `abs` for staging, or `None` for something git does not track (sockets,
-/// fifos, devices, directories that are not nested repositories) or a path that is gone.
-pub fn entry_kind(abs: &Path, meta: &Metadata) -> Option<EntryKind> {
-    let ft = meta.file_type();
-    if ft.is_file() || ft.is_symlink() {
-        Some(EntryKind::File)
-    } else if ft.is_dir() && is_nested_repo(abs) {
-        Some(EntryKind::NestedRepo)
-    } else {
-        None
+/// git's `is_git_directory`: `objects/` and `refs/` directories and a `HEAD` that is a
+/// symbolic ref under `refs/` or an object id.
+fn is_git_dir(dir: &Path) -> bool {
+    let is_dir = |name: &str| fs::metadata(dir.join(name)).is_ok_and(|m| m.is_dir());
+    if !is_dir("objects") || !is_dir("refs") {
+        return false;
     }
+    let Ok(head) = fs::read_to_string(dir.join("HEAD")) else {
+        return false;
+    };
+    let head = head.trim_end();
+    head.strip_prefix("ref:")
+        .is_some_and(|r| r.trim_start().starts_with("refs/"))
+        || (head.len() >= 40 && head.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Kept directories under `start` (itself included), loading each one's `.gitignore` into
 /// `filter` before deciding about its children. `enter` sees each directory before it is
 /// read (the watch stage watches it there). `start` must itself be kept.
+///
+/// Nested repositories are entered too, and their own `.git` directory is listed (and seen
+/// by `enter`) but not entered: whether such a directory is a gitlink or loose files depends
+/// on the index, which the stage decides, and a commit inside it shows only in its `.git`.
 pub fn kept_dirs(
     workdir: &Path,
     start: &Path,
@@ -45,16 +84,25 @@ pub fn kept_dirs(
     mut enter: impl FnMut(&Path),
 ) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let mut stack = vec![start.to_owned()];
-    while let Some(dir) = stack.pop() {
+    // An ignored directory is entered only for the tracked paths it holds (git updates
+    // those); whatever else is below it stays ignored, whatever its own name.
+    let start_ignored = !start.as_os_str().is_empty() && !filter.is_kept(start, true);
+    let mut stack = vec![(start.to_owned(), start_ignored)];
+    while let Some((dir, inside_ignored)) = stack.pop() {
         enter(&dir);
         warnings.extend(filter.load_dir(&dir));
         for (rel, meta) in read_dir(workdir, &dir).unwrap_or_default() {
-            if meta.is_dir()
-                && !filter.is_ignored(&rel, true)
-                && !is_nested_repo(&workdir.join(&rel))
-            {
-                stack.push(rel);
+            if !meta.is_dir() {
+                continue;
+            }
+            if !dir.as_os_str().is_empty() && rel.file_name().is_some_and(|n| n == ".git") {
+                enter(&rel);
+                found.push(rel);
+                continue;
+            }
+            let ignored = inside_ignored || filter.is_ignored(&rel, true);
+            if !ignored || filter.holds_tracked_ignored(&rel) {
+                stack.push((rel, ignored));
             }
         }
         found.push(dir);
@@ -62,12 +110,14 @@ pub fn kept_dirs(
     found
 }
 
-/// Every kept file, symlink and nested repository under `start`, with its metadata, and the
-/// directories that could not be read (what was saved of them stands: unreadable is not gone).
+/// Every kept file, symlink, nested repository and gitlink under `start`, with its metadata,
+/// and the directories that could not be read (what was saved of them stands: unreadable is
+/// not gone). `in_index` says what the index holds under a directory.
 pub fn kept_entries(
     workdir: &Path,
     start: &Path,
     filter: &Filter,
+    in_index: impl Fn(&Path) -> DirInIndex,
 ) -> (Vec<(PathBuf, EntryKind, Metadata)>, Vec<PathBuf>) {
     let mut found = Vec::new();
     let mut unreadable = Vec::new();
@@ -82,10 +132,22 @@ pub fn kept_entries(
             if filter.is_ignored(&rel, is_dir) {
                 continue;
             }
-            match entry_kind(&workdir.join(&rel), &meta) {
-                Some(kind) => found.push((rel, kind, meta)),
-                None if is_dir => stack.push(rel),
-                None => {}
+            let ft = meta.file_type();
+            if ft.is_file() || ft.is_symlink() {
+                // Tracked files outside a sparse checkout are refreshed from the index.
+                if !filter.outside_sparse(&rel, false) {
+                    found.push((rel, EntryKind::File, meta));
+                }
+            } else if is_dir {
+                match in_index(&rel) {
+                    DirInIndex::Gitlink => found.push((rel, EntryKind::Gitlink, meta)),
+                    DirInIndex::Untracked if is_nested_repo(&workdir.join(&rel)) => {
+                        if !filter.outside_sparse(&rel, true) {
+                            found.push((rel, EntryKind::NestedRepo, meta));
+                        }
+                    }
+                    DirInIndex::Tracked | DirInIndex::Untracked => stack.push(rel),
+                }
             }
         }
     }

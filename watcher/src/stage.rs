@@ -1,10 +1,14 @@
 //! The stage: brings the index in line with the working tree for the paths that changed, so
 //! that writing the index as a tree gives what `git add -A` would commit.
 //!
-//! `Index::add_path` ignores `.gitignore`, so every path passes the filter first. Paths that
-//! changed cost one `lstat` and one hash each; only subtrees (start-up, rescans, new
-//! directories, rule edits) are walked. The `Index` is kept between batches and re-read
-//! only when someone else (a `git` command, `restore`, `sync`) wrote it.
+//! As git does, what the index already holds decides as much as the ignore rules: a tracked
+//! path is updated even when a rule matches it, skip-worktree and assume-unchanged entries are
+//! left alone, a gitlink stays when its submodule is not checked out, and a directory with
+//! tracked paths below it is walked even when it holds a repository of its own. Untracked
+//! paths pass the filter (`Index::add_path` knows nothing of `.gitignore`). Paths that changed
+//! cost one `lstat` and one hash each; only subtrees (start-up, rescans, new directories, rule
+//! edits) are walked. The `Index` is kept between batches and re-read only when someone else
+//! (a `git` command, `restore`, `sync`) wrote it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
@@ -15,11 +19,13 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use git2::{Index, IndexEntry, Oid, Repository};
+use git2::{Index, IndexEntry, IndexEntryExtendedFlag, IndexEntryFlag, Oid, Repository};
+use tokio::sync::Notify;
 
 use crate::changes::Changes;
-use crate::filter::Filter;
-use crate::scan::{self, EntryKind};
+use crate::filter::{self, Filter};
+use crate::scan::{self, DirInIndex, EntryKind};
+use crate::sparse;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
@@ -51,6 +57,14 @@ pub struct Stager {
     index_written: Option<(i64, i64)>,
     /// The first readable file of this batch that could not be stored.
     store_failure: Option<(PathBuf, git2::Error)>,
+    /// Tracked ignored paths found by this batch, by the scope they replace in the filter.
+    tracked_ignored: Vec<(PathBuf, Vec<PathBuf>)>,
+    /// Told when the filter's tracked ignored paths changed (the watch stage re-watches).
+    tracked_ignored_changed: Arc<Notify>,
+    /// For attribute lookups ([`Stager::needs_git`]).
+    attrs: Option<Repository>,
+    /// Filter drivers configured with a `clean` or `process` command, re-read each batch.
+    drivers: Vec<String>,
 }
 
 impl Stager {
@@ -58,9 +72,15 @@ impl Stager {
         repo: &Repository,
         workdir: &Path,
         filter: Arc<RwLock<Filter>>,
+        tracked_ignored_changed: Arc<Notify>,
         max_file_size: u64,
     ) -> Result<Self, StageError> {
-        let index = repo.index().map_err(|source| StageError::Index {
+        let index = match repo.index() {
+            Ok(index) => Ok(index),
+            Err(e) if sparse::expand(workdir) => repo.index().map_err(|_| e),
+            Err(e) => Err(e),
+        }
+        .map_err(|source| StageError::Index {
             dir: workdir.to_owned(),
             source,
         })?;
@@ -73,6 +93,10 @@ impl Stager {
             dirty: false,
             store_failure: None,
             index_written: None,
+            tracked_ignored: Vec::new(),
+            tracked_ignored_changed,
+            attrs: Repository::open(workdir).ok(),
+            drivers: Vec::new(),
         })
     }
 
@@ -88,20 +112,40 @@ impl Stager {
             dir: self.workdir.clone(),
             source,
         };
-        self.index.read(false).map_err(err)?;
+        if let Err(e) = self.index.read(false) {
+            // A sparse index (`sdir`) is something libgit2 cannot read: have git write the
+            // same index in full, then read again.
+            if !sparse::expand(&self.workdir) {
+                return Err(err(e));
+            }
+            self.index.read(true).map_err(err)?;
+        }
+        self.drivers = self.filter_drivers();
         self.index_written = self
             .index
             .path()
             .and_then(|p| fs::metadata(p).ok())
             .map(|m| (m.mtime(), m.mtime_nsec()));
-        let filter = Arc::clone(&self.filter);
-        let filter = filter.read().unwrap_or_else(|e| e.into_inner());
-        let (subtrees, paths) = changes.minimal();
-        for dir in subtrees {
-            self.stage_subtree(dir, &filter);
+        let shared = Arc::clone(&self.filter);
+        {
+            let filter = shared.read().unwrap_or_else(|e| e.into_inner());
+            let (subtrees, paths) = changes.minimal();
+            for dir in subtrees {
+                self.stage_subtree(dir, &filter);
+            }
+            for path in paths {
+                self.stage_path(path, &filter);
+            }
         }
-        for path in paths {
-            self.stage_path(path, &filter);
+        if !self.tracked_ignored.is_empty() {
+            let mut filter = shared.write().unwrap_or_else(|e| e.into_inner());
+            let mut changed = false;
+            for (scope, paths) in self.tracked_ignored.drain(..) {
+                changed |= filter.set_tracked_ignored(&scope, paths);
+            }
+            if changed {
+                self.tracked_ignored_changed.notify_one();
+            }
         }
         if let Some((path, source)) = self.store_failure.take() {
             return Err(StageError::Store {
@@ -124,41 +168,80 @@ impl Stager {
     }
 
     fn stage_path(&mut self, rel: &Path, filter: &Filter) {
+        if let Some(repo) = self.enclosing_repo(rel) {
+            return self.stage_path(&repo, filter);
+        }
+        let held = self.held(rel);
+        if held == Held::Frozen {
+            return;
+        }
         let abs = self.workdir.join(rel);
         let meta = match fs::symlink_metadata(&abs) {
-            Ok(meta) => meta,
-            Err(e) if is_gone(&e) => return self.remove(rel),
+            Ok(meta) => Some(meta),
+            Err(e) if is_gone(&e) => None,
             Err(e) => {
                 tracing::warn!(path = %rel.display(), "cannot inspect, the saved version is kept: {e}");
                 return;
             }
         };
-        if !filter.is_kept(rel, meta.is_dir()) {
-            return self.remove(rel);
+        if meta.as_ref().is_some_and(Metadata::is_dir) {
+            return match held {
+                Held::Gitlink => self.stage_gitlink(rel),
+                _ => self.stage_subtree(rel, filter),
+            };
         }
-        match scan::entry_kind(&abs, &meta) {
-            Some(EntryKind::File) => self.add_file(rel, &meta, false),
-            Some(EntryKind::NestedRepo) => self.add_nested_repo(rel),
-            None if meta.is_dir() => self.stage_subtree(rel, filter),
-            None => self.remove(rel),
+        let kept = filter.is_kept(rel, false) && !filter.outside_sparse(rel, false);
+        // Tracked files stay tracked and are updated even when an ignore rule matches them.
+        let tracked = held != Held::No && !filter::is_always_ignored(rel);
+        match meta {
+            Some(meta)
+                if (kept || tracked)
+                    && (meta.file_type().is_file() || meta.file_type().is_symlink()) =>
+            {
+                self.add_file(rel, &meta, false);
+            }
+            _ => self.remove(rel),
+        }
+        if tracked || filter.holds_tracked_ignored(rel) {
+            let still = !kept && self.index_has(rel);
+            self.tracked_ignored.push((
+                rel.to_owned(),
+                still.then(|| rel.to_owned()).into_iter().collect(),
+            ));
         }
     }
 
-    /// Makes the index under `dir` exactly the kept entries under it.
+    /// Makes the index under `dir` what `git add -A` makes it: kept entries added or updated,
+    /// tracked ones refreshed (ignored or not), the rest removed.
     fn stage_subtree(&mut self, dir: &Path, filter: &Filter) {
         let top = dir.as_os_str().is_empty();
         if !top {
+            if let Some(repo) = self.enclosing_repo(dir) {
+                return self.stage_path(&repo, filter);
+            }
             let abs = self.workdir.join(dir);
             match fs::symlink_metadata(&abs) {
-                Ok(meta) if meta.is_dir() && filter.is_kept(dir, true) => {
-                    if scan::is_nested_repo(&abs) {
-                        return self.add_nested_repo(dir);
-                    }
-                }
+                Ok(meta) if meta.is_dir() => {}
                 _ => return self.stage_path_not_dir(dir, filter),
             }
+            match self.held(dir) {
+                Held::Frozen => return,
+                Held::Gitlink => return self.stage_gitlink(dir),
+                Held::File => self.remove_entry(dir),
+                Held::No => {}
+            }
+            if !filter.is_kept(dir, true) {
+                return self.refresh_tracked_under(dir);
+            }
+            if self.dir_in_index(dir) == DirInIndex::Untracked && scan::is_nested_repo(&abs) {
+                if filter.outside_sparse(dir, true) {
+                    return;
+                }
+                return self.add_nested_repo(dir);
+            }
         }
-        let (entries, unreadable) = scan::kept_entries(&self.workdir, dir, filter);
+        let (entries, unreadable) =
+            scan::kept_entries(&self.workdir, dir, filter, |d| self.dir_in_index(d));
         let in_scope = |path: &Path| {
             (top || path.starts_with(dir)) && !unreadable.iter().any(|u| path.starts_with(u))
         };
@@ -167,19 +250,128 @@ impl Stager {
             match kind {
                 EntryKind::File => self.add_file(&rel, &meta, true),
                 EntryKind::NestedRepo => self.add_nested_repo(&rel),
+                EntryKind::Gitlink => self.stage_gitlink(&rel),
             }
             kept.insert(rel);
         }
-        let stale: Vec<PathBuf> = self
+        let rest: Vec<PathBuf> = self
             .entries_under(dir)
             .into_iter()
             .filter(|path| in_scope(path) && !kept.contains(path))
             .collect();
-        for path in stale {
-            self.remove_entry(&path);
+        for path in &rest {
+            self.refresh_entry(path);
         }
+        kept.extend(rest.iter().cloned());
+        self.note_tracked_ignored(dir, rest);
         self.skipped
             .retain(|path, _| !in_scope(path) || kept.contains(path));
+    }
+
+    /// `candidates` are the tracked paths under `scope` no walk reached: those still tracked
+    /// (and not frozen) are the ignored ones git keeps updating.
+    fn note_tracked_ignored(&mut self, scope: &Path, candidates: Vec<PathBuf>) {
+        let still: Vec<PathBuf> = candidates
+            .into_iter()
+            .filter(|p| matches!(self.held(p), Held::File | Held::Gitlink))
+            .collect();
+        self.tracked_ignored.push((scope.to_owned(), still));
+    }
+
+    /// An ignored directory: nothing new is added from it, but what is tracked in it is
+    /// updated or removed as git does.
+    fn refresh_tracked_under(&mut self, dir: &Path) {
+        let tracked = self.entries_under(dir);
+        for path in &tracked {
+            self.refresh_entry(path);
+        }
+        let reached: HashSet<PathBuf> = tracked.iter().cloned().collect();
+        self.note_tracked_ignored(dir, tracked);
+        self.skipped
+            .retain(|path, _| !path.starts_with(dir) || reached.contains(path));
+    }
+
+    /// A tracked entry no walk reached (it is ignored, or under an ignored directory): updated
+    /// from the file, kept when frozen or a submodule that is not checked out, else removed.
+    fn refresh_entry(&mut self, rel: &Path) {
+        let held = self.held(rel);
+        if held == Held::Frozen {
+            return;
+        }
+        if filter::is_always_ignored(rel) {
+            return self.remove_entry(rel);
+        }
+        match fs::symlink_metadata(self.workdir.join(rel)) {
+            Ok(meta) if meta.file_type().is_file() || meta.file_type().is_symlink() => {
+                self.add_file(rel, &meta, true);
+            }
+            Ok(meta) if meta.is_dir() && held == Held::Gitlink => self.stage_gitlink(rel),
+            Ok(_) => self.remove_entry(rel),
+            Err(e) if is_gone(&e) => self.remove_entry(rel),
+            Err(e) => {
+                tracing::warn!(path = %rel.display(), "cannot inspect, the saved version is kept: {e}");
+            }
+        }
+    }
+
+    /// How the index holds `rel`.
+    fn held(&self, rel: &Path) -> Held {
+        match self.index.get_path(rel, 0) {
+            None => Held::No,
+            Some(entry) if is_frozen(&entry) => Held::Frozen,
+            Some(entry) if entry.mode == GITLINK_MODE => Held::Gitlink,
+            Some(_) => Held::File,
+        }
+    }
+
+    fn index_has(&self, rel: &Path) -> bool {
+        self.index.get_path(rel, 0).is_some()
+    }
+
+    /// What the index holds at or below the directory `rel`.
+    fn dir_in_index(&self, rel: &Path) -> DirInIndex {
+        if self
+            .index
+            .get_path(rel, 0)
+            .is_some_and(|e| e.mode == GITLINK_MODE)
+        {
+            return DirInIndex::Gitlink;
+        }
+        let mut prefix = rel.as_os_str().as_bytes().to_vec();
+        prefix.push(b'/');
+        let tracked = self
+            .index
+            .find_prefix(OsStr::from_bytes(&prefix))
+            .is_ok_and(|i| {
+                self.index
+                    .get(i)
+                    .is_some_and(|e| e.path.starts_with(&prefix))
+            });
+        if tracked {
+            DirInIndex::Tracked
+        } else {
+            DirInIndex::Untracked
+        }
+    }
+
+    /// The outermost directory above `rel` that git treats as one entry: a gitlink in the
+    /// index, or a repository of its own under which nothing is tracked.
+    fn enclosing_repo(&self, rel: &Path) -> Option<PathBuf> {
+        let mut above: Vec<&Path> = rel
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+            .collect();
+        above.reverse();
+        above
+            .into_iter()
+            .find_map(|dir| match self.dir_in_index(dir) {
+                DirInIndex::Gitlink => Some(dir.to_owned()),
+                DirInIndex::Untracked if scan::is_nested_repo(&self.workdir.join(dir)) => {
+                    Some(dir.to_owned())
+                }
+                _ => None,
+            })
     }
 
     /// Index paths under `dir` (all of them for the top), found by binary search: many small
@@ -201,7 +393,7 @@ impl Stager {
             .collect()
     }
 
-    /// A subtree root that is no longer a kept directory: stage it as a single path.
+    /// A subtree root that is no longer a directory: stage it as a single path.
     fn stage_path_not_dir(&mut self, rel: &Path, filter: &Filter) {
         self.remove_dir_entries(rel);
         match fs::symlink_metadata(self.workdir.join(rel)) {
@@ -211,6 +403,10 @@ impl Stager {
     }
 
     fn add_file(&mut self, rel: &Path, meta: &Metadata, skip_unchanged: bool) {
+        let entry = self.index.get_path(rel, 0);
+        if entry.as_ref().is_some_and(is_frozen) {
+            return;
+        }
         if meta.is_file() && meta.len() > self.max_file_size {
             if self.skipped.insert(rel.to_owned(), meta.len()).is_none() {
                 tracing::warn!(
@@ -225,16 +421,17 @@ impl Stager {
         }
         self.skipped.remove(rel);
         if skip_unchanged
-            && self
-                .index
-                .get_path(rel, 0)
-                .is_some_and(|entry| stat_matches(&entry, meta))
+            && entry.is_some_and(|entry| !is_intent_to_add(&entry) && stat_matches(&entry, meta))
             && self.modified_before_the_index(meta)
         {
             return;
         }
         self.clear_the_way(rel);
         match self.index.add_path(rel) {
+            Ok(()) if self.needs_git(rel) => {
+                self.dirty = true;
+                self.hash_with_git(rel);
+            }
             Ok(()) => self.dirty = true,
             // A readable file the file system refused to store: the whole batch waits for it.
             Err(e) if is_store_failure(&e, &self.workdir.join(rel), meta) => {
@@ -248,7 +445,86 @@ impl Stager {
         }
     }
 
-    /// A nested repository is recorded as a gitlink to its `HEAD`, as `git add -A` does.
+    /// Filter drivers with a `clean` or `process` command in the repository's configuration.
+    fn filter_drivers(&self) -> Vec<String> {
+        let Some(mut config) = self.attrs.as_ref().and_then(|r| r.config().ok()) else {
+            return Vec::new();
+        };
+        let Ok(config) = config.snapshot() else {
+            return Vec::new();
+        };
+        let Ok(entries) = config.entries(Some(r"^filter\..*\.(clean|process)$")) else {
+            return Vec::new();
+        };
+        let mut drivers = Vec::new();
+        let _ = entries.for_each(|entry| {
+            if let Some((driver, _)) = entry
+                .name()
+                .ok()
+                .and_then(|n| n.strip_prefix("filter."))
+                .and_then(|n| n.rsplit_once('.'))
+            {
+                drivers.push(driver.to_owned());
+            }
+        });
+        drivers
+    }
+
+    /// Whether git converts this path with something libgit2 does not run: a filter driver's
+    /// command (git-lfs is one) or `working-tree-encoding`.
+    fn needs_git(&self, rel: &Path) -> bool {
+        let Some(repo) = &self.attrs else {
+            return false;
+        };
+        let flags = git2::AttrCheckFlags::FILE_THEN_INDEX;
+        let attr = |name: &str| match git2::AttrValue::from_string(
+            repo.get_attr(rel, name, flags).ok().flatten(),
+        ) {
+            git2::AttrValue::String(value) => Some(value.to_owned()),
+            _ => None,
+        };
+        attr("working-tree-encoding").is_some()
+            || attr("filter").is_some_and(|driver| self.drivers.contains(&driver))
+    }
+
+    /// Stores what `git hash-object` stores for this path (it runs the filters git would) as
+    /// the entry's content. If git cannot, the raw bytes stay, with a warning naming the path.
+    fn hash_with_git(&mut self, rel: &Path) {
+        let output = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&self.workdir)
+            .args(["hash-object", "-w", "--"])
+            .arg(rel)
+            .output();
+        let id = match output {
+            Ok(out) if out.status.success() => {
+                Oid::from_str(String::from_utf8_lossy(&out.stdout).trim()).ok()
+            }
+            Ok(out) => {
+                tracing::warn!(
+                    path = %rel.display(),
+                    "git could not run the content filter for this file, its raw bytes are saved: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    path = %rel.display(),
+                    "this file needs git's content filters and git could not run, its raw bytes are saved: {e}"
+                );
+                None
+            }
+        };
+        if let (Some(id), Some(mut entry)) = (id, self.index.get_path(rel, 0)) {
+            entry.id = id;
+            if let Err(e) = self.index.add(&entry) {
+                tracing::warn!(path = %rel.display(), "cannot store the filtered content, its raw bytes are saved: {}", e.message());
+            }
+        }
+    }
+
+    /// A new nested repository is recorded as a gitlink to its `HEAD`, as `git add -A` does.
     /// Without a commit `git add -A` refuses the whole add; here only that directory is left out.
     fn add_nested_repo(&mut self, rel: &Path) {
         self.clear_the_way(rel);
@@ -257,6 +533,22 @@ impl Stager {
             Err(e) => tracing::warn!(
                 path = %rel.display(),
                 "nested git repository is not saved (it needs a commit checked out): {}",
+                e.message()
+            ),
+        }
+    }
+
+    /// A gitlink the index holds: moved to the submodule's `HEAD` when it is checked out; kept
+    /// as it is when not (a clone without `--recursive`, a restore), as git keeps it.
+    fn stage_gitlink(&mut self, rel: &Path) {
+        if !scan::is_nested_repo(&self.workdir.join(rel)) {
+            return;
+        }
+        match self.index.add_path(rel) {
+            Ok(()) => self.dirty = true,
+            Err(e) => tracing::warn!(
+                path = %rel.display(),
+                "submodule has no commit checked out, its saved commit is kept: {}",
                 e.message()
             ),
         }
@@ -273,15 +565,21 @@ impl Stager {
     /// A file where a directory was (or the other way round) must not leave the old entries
     /// behind: an index with both `a` and `a/b` cannot be written as a tree.
     fn clear_the_way(&mut self, rel: &Path) {
-        self.remove_dir_entries(rel);
+        if self.index.remove_dir(rel, 0).is_ok() {
+            self.dirty = true;
+        }
         for ancestor in rel.ancestors().skip(1) {
             if ancestor.as_os_str().is_empty() {
                 break;
             }
-            self.remove_entry(ancestor);
+            if self.index_has(ancestor) && self.index.remove_path(ancestor).is_ok() {
+                self.dirty = true;
+            }
         }
     }
 
+    /// A path gone from the working tree: its entries go, except frozen ones (git keeps a
+    /// skip-worktree or assume-unchanged entry whatever the disk holds).
     fn remove(&mut self, rel: &Path) {
         self.remove_entry(rel);
         self.remove_dir_entries(rel);
@@ -289,17 +587,47 @@ impl Stager {
     }
 
     fn remove_entry(&mut self, rel: &Path) {
-        if self.index.get_path(rel, 0).is_some() && self.index.remove_path(rel).is_ok() {
+        let Some(entry) = self.index.get_path(rel, 0) else {
+            let conflicted = self.index.has_conflicts() && self.index.conflict_get(rel).is_ok();
+            if conflicted && self.index.remove_path(rel).is_ok() {
+                self.dirty = true;
+            }
+            return;
+        };
+        if !is_frozen(&entry) && self.index.remove_path(rel).is_ok() {
             self.dirty = true;
         }
     }
 
     fn remove_dir_entries(&mut self, rel: &Path) {
-        let before = self.index.len();
-        if self.index.remove_dir(rel, 0).is_ok() && self.index.len() != before {
-            self.dirty = true;
+        for path in self.entries_under(rel) {
+            self.remove_entry(&path);
         }
     }
+}
+
+/// How the index holds one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    No,
+    /// skip-worktree (sparse checkouts) or assume-unchanged: git leaves the entry as it is.
+    Frozen,
+    /// A submodule.
+    Gitlink,
+    /// A file or a symlink.
+    File,
+}
+
+const GITLINK_MODE: u32 = 0o160000;
+
+fn is_frozen(entry: &IndexEntry) -> bool {
+    entry.flags & IndexEntryFlag::VALID.bits() != 0
+        || entry.flags_extended & IndexEntryExtendedFlag::SKIP_WORKTREE.bits() != 0
+}
+
+/// `git add -N`: an entry with no content yet, always hashed.
+fn is_intent_to_add(entry: &IndexEntry) -> bool {
+    entry.flags_extended & IndexEntryExtendedFlag::INTENT_TO_ADD.bits() != 0
 }
 
 /// Disk full, read-only `.git`, ...: not the file's fault (it is readable), and not a path

@@ -158,6 +158,39 @@ pub fn read(git_dir: &Path) -> Result<Status, StatusError> {
     serde_json::from_slice(&bytes).map_err(|source| StatusError::Corrupt { path, source })
 }
 
+impl Status {
+    /// The human form for a file whose watcher is no longer running: says so instead of
+    /// showing its last state and pid as if they were live.
+    pub fn stopped(&self) -> Stopped<'_> {
+        Stopped(self)
+    }
+}
+
+/// See [`Status::stopped`].
+pub struct Stopped<'a>(&'a Status);
+
+impl fmt::Display for Stopped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let live = self.0.to_string();
+        let mut lines: Vec<&str> = live.lines().collect();
+        lines.pop();
+        lines.remove(0);
+        writeln!(
+            f,
+            "state:            stopped (no watcher is running; its last state was {})",
+            self.0.state
+        )?;
+        for line in lines {
+            writeln!(f, "{line}")?;
+        }
+        write!(
+            f,
+            "watcher:          not running (was pid {}, version {})",
+            self.0.pid, self.0.version
+        )
+    }
+}
+
 impl fmt::Display for Status {
     /// The human form of `project-watcher status`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

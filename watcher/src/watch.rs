@@ -15,14 +15,13 @@ use std::time::Duration;
 
 use notify::event::{EventKind, ModifyKind, RenameMode};
 use notify::{Event, INotifyWatcher, RecursiveMode, Watcher};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::changes::Changes;
 use crate::filter::{ENV_FILE, Filter, RulesFile};
+use crate::manifest::MANIFEST_FILE;
 use crate::scan;
 
-/// Raw events buffered between the inotify thread and this stage; when full, a rescan.
-const RAW_CAPACITY: usize = 4096;
 /// How often directories that could not be watched are scanned instead.
 pub const UNWATCHED_RESCAN_EVERY: Duration = Duration::from_secs(10);
 /// A cap on directory watches below the kernel's `fs.inotify.max_user_watches`, so that the
@@ -51,6 +50,12 @@ pub struct TreeWatcher {
     /// From [`MAX_WATCHES_ENV`].
     max_watches: Option<usize>,
     problems: watch::Sender<Option<String>>,
+    /// The stage found tracked ignored paths appear or go: their directories are re-watched.
+    tracked_ignored_changed: Arc<Notify>,
+    /// Where `.env` points when it is a symlink: edits there are edits to `.env`.
+    env_target: Option<PathBuf>,
+    /// `.git/info` or `core.excludesFile` did not exist when last watched.
+    rule_files_absent: bool,
 }
 
 impl TreeWatcher {
@@ -61,8 +66,10 @@ impl TreeWatcher {
         git_dir: &Path,
         filter: Arc<RwLock<Filter>>,
         problems: watch::Sender<Option<String>>,
+        tracked_ignored_changed: Arc<Notify>,
+        event_buffer: usize,
     ) -> Result<Self, WatchError> {
-        let (tx, raw) = mpsc::channel(RAW_CAPACITY);
+        let (tx, raw) = mpsc::channel(event_buffer.max(1));
         let overflowed = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&overflowed);
         let watcher = INotifyWatcher::new(
@@ -93,6 +100,9 @@ impl TreeWatcher {
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
             problems,
+            tracked_ignored_changed,
+            env_target: None,
+            rule_files_absent: false,
         };
         this.watch_rule_files();
         this.reconcile(Path::new(""));
@@ -120,12 +130,20 @@ impl TreeWatcher {
                         self.handle(event, &mut changes);
                     }
                 }
-                _ = rescan.tick(), if !self.unwatched.is_empty() => {
+                _ = rescan.tick(), if !self.unwatched.is_empty() || self.rule_files_absent => {
+                    if self.rule_files_absent && !self.rule_files_missing() {
+                        tracing::info!("an ignore rules file appeared; rescanning the whole project");
+                        self.watch_rule_files();
+                        self.rescan_all(&mut changes);
+                    }
                     let dirs = std::mem::take(&mut self.unwatched);
                     for dir in dirs {
                         self.reconcile(&dir);
                         changes.subtrees.insert(dir);
                     }
+                }
+                () = self.tracked_ignored_changed.notified() => {
+                    changes.subtrees.extend(self.reconcile(Path::new("")));
                 }
             }
             if self.overflowed.swap(false, Ordering::SeqCst) {
@@ -175,6 +193,14 @@ impl TreeWatcher {
 
     fn handle_path(&mut self, abs: &Path, gone: bool, changes: &mut Changes) {
         let rel = abs.strip_prefix(&self.workdir).ok();
+        if self.env_target.as_deref() == Some(abs) {
+            changes.env_changed = true;
+            // An editor may have replaced the file: watch the new one.
+            self.watch_rule_files();
+            if rel.is_none() {
+                return;
+            }
+        }
         let rules = self.read_filter().rules_file(rel, abs);
         match rules {
             Some(RulesFile::Repo) => {
@@ -196,9 +222,29 @@ impl TreeWatcher {
         if rel.starts_with(".git") {
             return;
         }
-        if rel == Path::new(ENV_FILE) {
-            changes.env_changed = true;
+        if let Some(repo) = nested_repo_of(rel) {
+            // A commit, checkout or clone in a nested repository, or its `.git` appearing or
+            // going: the stage decides what the directory is now (gitlink or loose files).
+            if rel.parent() == Some(repo.as_path()) && self.watched.contains(&repo) {
+                self.reconcile(&repo);
+                changes.subtrees.insert(repo);
+            } else {
+                changes.paths.insert(repo);
+            }
             return;
+        }
+        if rel.parent() == Some(Path::new(""))
+            && rel.to_str().is_some_and(crate::filter::is_env_file_name)
+        {
+            changes.env_changed = true;
+            if rel == Path::new(ENV_FILE) {
+                self.watch_rule_files();
+            }
+            return;
+        }
+        if rel == Path::new(MANIFEST_FILE) {
+            // Deleted or edited by hand: rewritten from `.env` (only when it differs).
+            changes.env_changed = true;
         }
         let was_watched = self.watched.contains(rel);
         if gone {
@@ -206,11 +252,12 @@ impl TreeWatcher {
         }
         let meta = std::fs::symlink_metadata(abs).ok();
         let is_dir = meta.as_ref().is_some_and(|m| m.is_dir());
-        let kept = self.read_filter().is_kept(rel, is_dir || was_watched);
-        // The project's own top holds `.git` too, but it is the repository, not a nested one:
-        // an event on it (a chmod) must not drop every watch.
-        let top = rel.as_os_str().is_empty();
-        if is_dir && kept && (top || !scan::is_nested_repo(abs)) {
+        let (kept, watch_it) = {
+            let filter = self.read_filter();
+            let kept = filter.is_kept(rel, is_dir || was_watched) || filter.is_tracked_ignored(rel);
+            (kept, kept || filter.holds_tracked_ignored(rel))
+        };
+        if is_dir && watch_it {
             if !self.watched.contains(rel) {
                 self.reconcile(rel);
                 changes.subtrees.insert(rel.to_owned());
@@ -220,28 +267,49 @@ impl TreeWatcher {
         if self.watched.contains(rel) || meta.is_none() {
             self.forget_below(rel);
         }
-        if kept {
+        if kept || self.read_filter().holds_tracked_ignored(rel) {
             changes.paths.insert(rel.to_owned());
         }
     }
 
     /// Re-reads rules and watches every kept directory again, then asks for a full pass.
+    /// After an overflow the events that moved directories are lost, so every directory is
+    /// watched again by name (see [`TreeWatcher::reconcile_with`]).
     fn rescan_all(&mut self, changes: &mut Changes) {
         let warnings = self.write_filter().reload_repo_rules();
         report_rule_warnings(&warnings);
-        self.reconcile(Path::new(""));
+        self.reconcile_with(Path::new(""), true);
         changes.merge(Changes::everything());
+    }
+
+    fn reconcile(&mut self, dir: &Path) -> Vec<PathBuf> {
+        self.reconcile_with(dir, false)
     }
 
     /// Makes the watches under `dir` exactly its kept directories, loading their rules.
     /// Each directory is watched before it is read, so nothing created meanwhile is missed.
-    fn reconcile(&mut self, dir: &Path) {
+    /// Returns the directories that got a watch they did not have.
+    ///
+    /// inotify watches inodes, and notify maps each watch to the name it was added under:
+    /// `again` re-adds the watch of every directory (a directory whose inode moved to another
+    /// name gets its name right). Removing the watch of a name that is gone may remove the
+    /// watch its inode has under a new name too, so the directories watched in this pass are
+    /// watched once more after that.
+    fn reconcile_with(&mut self, dir: &Path, again: bool) -> Vec<PathBuf> {
+        let mut added = Vec::new();
+        let mut visited = Vec::new();
         let mut warnings = Vec::new();
         let filter = Arc::clone(&self.filter);
         let mut filter = filter.write().unwrap_or_else(|e| e.into_inner());
         let mut limit_hit = None;
         let kept = scan::kept_dirs(&self.workdir, dir, &mut filter, &mut warnings, |rel| {
             if self.watched.contains(rel) {
+                if again {
+                    let _ = self
+                        .watcher
+                        .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive);
+                    visited.push(rel.to_owned());
+                }
                 return;
             }
             self.unwatched.remove(rel);
@@ -257,6 +325,8 @@ impl TreeWatcher {
             match watched {
                 Ok(()) => {
                     self.watched.insert(rel.to_owned());
+                    added.push(rel.to_owned());
+                    visited.push(rel.to_owned());
                 }
                 Err(e) if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) => {
                     self.unwatched.insert(rel.to_owned());
@@ -271,15 +341,23 @@ impl TreeWatcher {
         });
         let kept: BTreeSet<PathBuf> = kept.into_iter().collect();
         let gone: Vec<PathBuf> = self.subtree_of(dir).filter(|w| !kept.contains(w)).collect();
-        for path in gone {
-            self.unwatch(&path);
-            filter.forget_below(&path);
+        for path in &gone {
+            self.unwatch(path);
+            filter.forget_below(path);
+        }
+        if !gone.is_empty() {
+            for rel in &visited {
+                let _ = self
+                    .watcher
+                    .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive);
+            }
         }
         drop(filter);
         report_rule_warnings(&warnings);
         if let Some(first) = limit_hit {
             self.watch_limit_reached(Some(&self.workdir.join(first)));
         }
+        added
     }
 
     /// A directory that was removed, renamed away or became ignored: drop its watches and
@@ -311,11 +389,29 @@ impl TreeWatcher {
         self.unwatched.remove(rel);
     }
 
-    /// `.git/info` (for `exclude`) and `core.excludesFile`: a change re-reads the rules.
+    /// Whether `.git/info` or `core.excludesFile` does not exist (yet): checked again at
+    /// every periodic rescan, so one created after start applies.
+    fn rule_files_missing(&self) -> bool {
+        !self.git_dir.join("info").is_dir()
+            || self
+                .read_filter()
+                .excludes_file()
+                .is_some_and(|f| !f.exists())
+    }
+
+    /// `.git/info` (for `exclude`), `core.excludesFile` and the target of a symlinked `.env`:
+    /// a change re-reads the rules (or the manifest).
     fn watch_rule_files(&mut self) {
         let info = self.git_dir.join("info");
         let excludes = self.read_filter().excludes_file().map(Path::to_owned);
-        for path in std::iter::once(info).chain(excludes) {
+        let env = self.workdir.join(ENV_FILE);
+        self.env_target = std::fs::symlink_metadata(&env)
+            .is_ok_and(|m| m.file_type().is_symlink())
+            .then(|| env.canonicalize().ok())
+            .flatten();
+        let env_target = self.env_target.clone();
+        self.rule_files_absent = self.rule_files_missing();
+        for path in std::iter::once(info).chain(excludes).chain(env_target) {
             if path.exists() {
                 let _ = self.watcher.unwatch(&path);
                 if let Err(e) = self.watcher.watch(&path, RecursiveMode::NonRecursive) {
@@ -362,6 +458,18 @@ impl TreeWatcher {
     fn write_filter(&self) -> std::sync::RwLockWriteGuard<'_, Filter> {
         self.filter.write().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The nested repository a path in its `.git` belongs to: `a/b` for `a/b/.git/HEAD`.
+fn nested_repo_of(rel: &Path) -> Option<PathBuf> {
+    let mut repo = PathBuf::new();
+    for component in rel.components() {
+        if component.as_os_str() == ".git" {
+            return (!repo.as_os_str().is_empty()).then_some(repo);
+        }
+        repo.push(component);
+    }
+    None
 }
 
 pub fn report_rule_warnings(warnings: &[crate::filter::RuleWarning]) {

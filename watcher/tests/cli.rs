@@ -173,8 +173,8 @@ fn once_commits_without_a_watcher_and_status_reports() {
     let missing = watcher(&repo.dir, home.path(), &["status"])
         .output()
         .unwrap();
-    assert_eq!(missing.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("is a project-watcher running"));
+    assert_eq!(missing.status.code(), Some(3), "no watcher runs");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no watcher is running"));
 
     let mut child = spawn_watch(&repo, home.path(), "200ms");
     wait_ready(&repo, &mut child);
@@ -191,4 +191,10 @@ fn once_commits_without_a_watcher_and_status_reports() {
     assert_eq!(parsed.pid, child.id());
     signal(&child, libc::SIGINT);
     assert_eq!(finish(child).status.code(), Some(0));
+    let stopped = watcher(&repo.dir, home.path(), &["status"])
+        .output()
+        .unwrap();
+    assert_eq!(stopped.status.code(), Some(3), "the watcher stopped");
+    let text = String::from_utf8_lossy(&stopped.stdout);
+    assert!(text.contains("state:            stopped"), "{text}");
 }

@@ -54,9 +54,16 @@ fn thousands_of_files_in_node_modules_make_no_commit_and_no_watch() {
     );
     assert_eq!(inotify_watches_of_this_process(), kept_dirs + 1);
 
-    // A directory that becomes ignored, and one that is removed, lose their watches.
+    // A removed directory loses its watch; one that becomes ignored keeps it while it holds
+    // a tracked file (git keeps updating that file), and loses it once nothing there is.
     repo.write(".gitignore", "node_modules\nsrc/lib\n");
     fs::remove_dir_all(repo.path("src/app")).unwrap();
+    repo.wait_saved();
+    assert!(repo.head_paths().contains(&"src/lib/util.js".to_owned()));
+    until(PATIENCE, "one fewer watch", || {
+        (inotify_watches_of_this_process() == kept_dirs).then_some(())
+    });
+    fs::remove_file(repo.path("src/lib/util.js")).unwrap();
     repo.wait_saved();
     assert!(!repo.head_paths().iter().any(|p| p.starts_with("src/lib")));
     until(PATIENCE, "two fewer watches", || {

@@ -125,10 +125,18 @@ fn gitignore_edits_add_and_remove_directories() {
     assert!(!repo.head_paths().contains(&"generated/out.txt".to_owned()));
 
     repo.write(".gitignore", "docs/\n");
+    repo.write("docs/new.md", "new");
     repo.wait_saved();
     let paths = repo.head_paths();
     assert!(paths.contains(&"generated/out.txt".to_owned()), "{paths:?}");
-    assert!(!paths.iter().any(|p| p.starts_with("docs/")), "{paths:?}");
+    // As git does: what is tracked stays tracked under the new rule, nothing new is added.
+    assert!(paths.contains(&"docs/readme.md".to_owned()), "{paths:?}");
+    assert!(!paths.contains(&"docs/new.md".to_owned()), "{paths:?}");
+    // ... and edits to it are still saved, at once: its ignored directory stays watched.
+    repo.write("docs/readme.md", "edited");
+    until(PATIENCE, "the edit to the tracked ignored file", || {
+        (repo.git(&["show", "HEAD:docs/readme.md"]) == "edited").then_some(())
+    });
 
     // The un-ignored directory is watched now: a new file in it is saved too.
     repo.write("generated/later.txt", "later");
@@ -477,8 +485,11 @@ fn core_excludes_file_is_respected_and_reloaded_when_edited() {
     assert!(paths.contains(&"scratch.tmp".to_owned()), "{paths:?}");
 
     fs::write(&excludes, "*.swp\n*.tmp\n").unwrap();
+    repo.write("later.tmp", "later");
     repo.wait_saved();
     let paths = repo.head_paths();
-    assert!(!paths.contains(&"scratch.tmp".to_owned()), "{paths:?}");
+    // Tracked before the rule, so git keeps it; the new one is ignored.
+    assert!(paths.contains(&"scratch.tmp".to_owned()), "{paths:?}");
+    assert!(!paths.contains(&"later.tmp".to_owned()), "{paths:?}");
     assert!(paths.contains(&"notes.md".to_owned()), "{paths:?}");
 }

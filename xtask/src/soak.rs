@@ -19,6 +19,10 @@ pub struct Options {
     /// Cases per parser property.
     #[arg(long, default_value_t = 20_000)]
     proptest_cases: u64,
+    /// Cases of the watcher's git-differential property (each runs a watcher and real git;
+    /// about a second each in a release build).
+    #[arg(long, default_value_t = 2_000)]
+    watcher_proptest_cases: u64,
     /// Replays a run (the seed each randomised test printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -33,6 +37,8 @@ const SUITES: &[(&str, &[&str])] = &[
             "reliability_faults",
             "reliability_inotify",
             "reliability_hostile",
+            "property",
+            "rules_differential",
         ],
     ),
     ("cloud-core", &["parsers_proptest"]),
@@ -53,6 +59,10 @@ pub fn run(options: Options) -> Result<()> {
             .env("RELIABILITY_ROUNDS", options.rounds.to_string())
             .env("RELIABILITY_OUTAGE_SECS", options.outage_secs.to_string())
             .env("PROPTEST_CASES", options.proptest_cases.to_string())
+            .env(
+                "WATCHER_PROPTEST_CASES",
+                options.watcher_proptest_cases.to_string(),
+            )
             .stdout(Stdio::piped());
         if let Some(seed) = options.seed {
             cmd.env("RELIABILITY_SEED", seed.to_string());
@@ -80,11 +90,12 @@ pub fn run(options: Options) -> Result<()> {
         }
     }
     let report = format!(
-        "soak finished in {} s (rounds={}, outage_secs={}, proptest_cases={})\n{}\n",
+        "soak finished in {} s (rounds={}, outage_secs={}, proptest_cases={}, watcher_proptest_cases={})\n{}\n",
         started.elapsed().as_secs(),
         options.rounds,
         options.outage_secs,
         options.proptest_cases,
+        options.watcher_proptest_cases,
         figures.join("\n")
     );
     print!("\n{report}");

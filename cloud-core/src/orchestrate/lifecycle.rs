@@ -319,7 +319,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
             Form::Submitted(submitted) => submitted,
             Form::FromSource => self
                 .secrets
-                .secrets(user, names)
+                .secrets(user, &names)
                 .into_iter()
                 .filter(|(name, _)| names.contains(name))
                 .collect(),
@@ -333,12 +333,8 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
             .await
         {
             if matches!(e, OrchestrateError::Form(_)) {
-                self.status.set_status(
-                    key,
-                    SandboxStatus::NeedsSecrets {
-                        names: plan.secret_names().to_vec(),
-                    },
-                );
+                self.status
+                    .set_status(key, SandboxStatus::NeedsSecrets { names });
             }
             return Err(e);
         }

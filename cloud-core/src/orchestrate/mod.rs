@@ -23,7 +23,7 @@ use crate::gitlab::{GitLab, GitLabError};
 use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
 use crate::proxy::embedded::EmbeddedUpstream;
 use crate::sandbox::{Exec, ExecOutput, Sandbox, SandboxError};
-use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env};
+use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env, render_env_file};
 use crate::token::TokenSigner;
 use coalesce::{Coalescer, Triggered};
 
@@ -440,10 +440,18 @@ impl<H: ProjectHost> Orchestrator<H> {
     ) -> Result<(), OrchestrateError> {
         if plan.enabled {
             let form = RestoreForm::validate(&plan.manifest, submitted)?;
+            let project = sandbox.home().join(&self.layout.project_dir);
             if !plan.manifest.env().is_empty() {
-                let env_file = sandbox.home().join(&self.layout.project_dir).join(".env");
                 sandbox
-                    .write_file(&env_file, render_env(&form).expose().as_bytes())
+                    .write_file(&project.join(".env"), render_env(&form).expose().as_bytes())
+                    .await?;
+            }
+            for file in plan.manifest.env_files().keys() {
+                sandbox
+                    .write_file(
+                        &project.join(file),
+                        render_env_file(&form, file).expose().as_bytes(),
+                    )
                     .await?;
             }
         }
@@ -685,10 +693,11 @@ pub struct RestorePlan {
 }
 
 impl RestorePlan {
-    /// The names of the secrets to ask for (never their values: those were never saved).
+    /// The names of the secrets to ask for (never their values: those were never saved): the
+    /// `.env` names, then `FILE:NAME` for the other env files (`.env.local:API_KEY`).
     /// Empty: no form is needed.
-    pub fn secret_names(&self) -> &[String] {
-        self.manifest.env()
+    pub fn secret_names(&self) -> Vec<String> {
+        self.manifest.form_names()
     }
 }
 

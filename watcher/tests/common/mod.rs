@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use project_watcher::config::Config;
 use project_watcher::daemon::{self, DaemonError};
 use project_watcher::status;
-use testkit::git::{git, init_repo, tree_of, tree_of_add_all};
+use testkit::git::{git, init_repo, tree_of, tree_of_add_all_from};
 use tokio::sync::oneshot;
 
 /// Generous: other helpers' builds and tests share the two cores.
@@ -82,6 +82,12 @@ impl Repo {
         c
     }
 
+    /// What `git add -A` would commit now, run on a copy of the repository's index (so tracked
+    /// files stay tracked, as git keeps them).
+    pub fn add_all_tree(&self) -> String {
+        tree_of_add_all_from(&self.dir, Some(&self.dir.join(".git/index")))
+    }
+
     /// Waits until HEAD's tree is what `git add -A` would commit now, and stays so for a
     /// while (so a transient match while the watcher is still busy does not count).
     pub fn wait_saved(&self) {
@@ -94,7 +100,7 @@ impl Repo {
         let deadline = Instant::now() + patience;
         let mut equal_since: Option<Instant> = None;
         loop {
-            let expected = tree_of_add_all(&self.dir);
+            let expected = self.add_all_tree();
             let actual = self.head_tree();
             if actual.as_deref() == Some(expected.as_str()) {
                 let since = *equal_since.get_or_insert_with(Instant::now);
