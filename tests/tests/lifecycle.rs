@@ -244,13 +244,12 @@ fn kill(pid: &str) {
         .status();
 }
 
+/// Whether the process runs (a zombie waiting for its parent to reap it does not).
 fn alive(pid: &str) -> bool {
-    std::process::Command::new("kill")
-        .args(["-0", pid])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap()
-        .success()
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
 }
 
 /// The watcher as a plain background process (PM2's part is covered by `pm2.rs`), started
@@ -365,7 +364,10 @@ async fn a_sandbox_wiped_under_its_watcher_comes_back_with_the_saved_project_on_
     );
     world.assert_restored_and_watched("after the wipe\n").await;
     assert_eq!(lifecycle.provider().creates.load(Ordering::SeqCst), 2);
-    assert!(!alive(old_watcher.trim()), "the old watcher stopped");
+    until_async(PATIENCE, "the old watcher to stop by itself", || async {
+        (!alive(old_watcher.trim())).then_some(())
+    })
+    .await;
     eprintln!("wiped sandbox back and synced in {took:?} (1.5 s of it the recovery wait)");
 
     // Wiped again; this time the page asks for a restore.
