@@ -1,7 +1,9 @@
 //! The seam between orchestration and a sandbox: run a command, read and write a file.
 //!
 //! The cloud drives E2B sandboxes through this trait; [`LocalSandbox`] runs on this machine
-//! for tests and for developers.
+//! for tests and for developers. A sandbox can vanish (wiped after a long pause, or lost by its
+//! provider): every call then fails with [`SandboxError::Gone`], which recovery tells apart from
+//! a command that failed or timed out (see [`crate::provider`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -78,6 +80,10 @@ impl ExecOutput {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
+    /// The sandbox no longer exists (or its provider does not know it): nothing run in it can
+    /// succeed until a new one is created.
+    #[error("sandbox {sandbox} is gone")]
+    Gone { sandbox: String },
     #[error("sandbox {sandbox}: `{command}` did not finish within {timeout:?}")]
     Timeout {
         sandbox: String,
@@ -99,16 +105,26 @@ pub enum SandboxError {
     },
 }
 
+impl SandboxError {
+    /// Whether the sandbox itself is gone, as opposed to one command or file failing in it.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Self::Gone { .. })
+    }
+}
+
 /// A place where the user's project runs. Implementations must be usable from many tasks.
 pub trait Sandbox: Send + Sync {
-    /// A stable name: the key for one-sync-at-a-time and for reports.
+    /// A stable name: the key for one-sync-at-a-time, statuses and reports. Sandboxes from a
+    /// [`crate::provider::SandboxProvider`] are named after their user, so a re-created sandbox
+    /// keeps its name.
     fn id(&self) -> &str;
 
     /// The user's home directory: relative paths in a [`crate::orchestrate::SandboxLayout`]
     /// are taken from here.
     fn home(&self) -> &Path;
 
-    /// Runs a command to its end (or its timeout, which kills it).
+    /// Runs a command to its end (or its timeout, which kills it). A sandbox that vanished
+    /// before or while the command ran answers [`SandboxError::Gone`], not the command's failure.
     fn exec(&self, exec: &Exec) -> impl Future<Output = Result<ExecOutput, SandboxError>> + Send;
 
     /// A file's bytes, or `None` when it does not exist.
@@ -128,7 +144,8 @@ pub trait Sandbox: Send + Sync {
 
 /// A sandbox that is this machine, with its own home directory (so several can live side by
 /// side in one test). Every command gets `HOME` set to it, plus `base_env` (tests put a
-/// hermetic git configuration there).
+/// hermetic git configuration there). The home directory is the sandbox: once it no longer
+/// exists, every call answers [`SandboxError::Gone`] (removing it is a wipe).
 #[derive(Debug, Clone)]
 pub struct LocalSandbox {
     id: String,
@@ -164,6 +181,66 @@ impl Sandbox for LocalSandbox {
     }
 
     async fn exec(&self, exec: &Exec) -> Result<ExecOutput, SandboxError> {
+        self.ensure_present().await?;
+        let ran = self.run(exec).await;
+        // A wipe during the command makes it fail in whatever way it happens to: the missing
+        // home, not that failure, is what the caller must hear about.
+        match ran {
+            Ok(out) if out.success() => Ok(out),
+            other => {
+                self.ensure_present().await?;
+                other
+            }
+        }
+    }
+
+    async fn read_file(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.ensure_present().await?;
+        match tokio::fs::read(path).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) => {
+                self.ensure_present().await?;
+                match e.kind() {
+                    io::ErrorKind::NotFound => Ok(None),
+                    _ => Err(self.file_error("read", path, e)),
+                }
+            }
+        }
+    }
+
+    async fn write_file(&self, path: &Path, contents: &[u8]) -> Result<(), SandboxError> {
+        self.ensure_present().await?;
+        let path = path.to_owned();
+        let contents = contents.to_vec();
+        let home = self.home.clone();
+        let written = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || write_private(&home, &path, &contents)
+        })
+        .await
+        .unwrap_or_else(|join| Err(io::Error::other(join)));
+        match written {
+            Ok(()) => Ok(()),
+            Err(source) => {
+                self.ensure_present().await?;
+                Err(self.file_error("write", &path, source))
+            }
+        }
+    }
+}
+
+impl LocalSandbox {
+    /// [`SandboxError::Gone`] unless the home directory exists.
+    async fn ensure_present(&self) -> Result<(), SandboxError> {
+        match tokio::fs::metadata(&self.home).await {
+            Ok(meta) if meta.is_dir() => Ok(()),
+            _ => Err(SandboxError::Gone {
+                sandbox: self.id.clone(),
+            }),
+        }
+    }
+
+    async fn run(&self, exec: &Exec) -> Result<ExecOutput, SandboxError> {
         let mut command = tokio::process::Command::new("sh");
         // The sandbox's commands (the watcher's sync and the dev server it starts) are the
         // user's: this process's secrets must not reach them through the inherited environment.
@@ -214,28 +291,6 @@ impl Sandbox for LocalSandbox {
         })
     }
 
-    async fn read_file(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
-        match tokio::fs::read(path).await {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(self.file_error("read", path, source)),
-        }
-    }
-
-    async fn write_file(&self, path: &Path, contents: &[u8]) -> Result<(), SandboxError> {
-        let path = path.to_owned();
-        let contents = contents.to_vec();
-        let written = tokio::task::spawn_blocking({
-            let path = path.clone();
-            move || write_private(&path, &contents)
-        })
-        .await
-        .unwrap_or_else(|join| Err(io::Error::other(join)));
-        written.map_err(|source| self.file_error("write", &path, source))
-    }
-}
-
-impl LocalSandbox {
     fn file_error(&self, action: &'static str, path: &Path, source: io::Error) -> SandboxError {
         SandboxError::File {
             sandbox: self.id.clone(),
@@ -256,12 +311,13 @@ fn kill_process_group(group: u32) {
         .status();
 }
 
-/// Writes through a temp file and a rename, mode 0600 from the start.
-fn write_private(path: &Path, contents: &[u8]) -> io::Result<()> {
+/// Writes through a temp file and a rename, mode 0600 from the start. Missing folders are
+/// created, but never `home` itself: a write racing a wipe must not bring back an empty home.
+fn write_private(home: &Path, path: &Path, contents: &[u8]) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+        create_dirs_below(home, dir)?;
     }
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(format!(".tmp.{}", std::process::id()));
@@ -275,6 +331,24 @@ fn write_private(path: &Path, contents: &[u8]) -> io::Result<()> {
     file.write_all(contents)?;
     file.sync_data()?;
     std::fs::rename(&tmp, path)
+}
+
+/// `create_dir_all(dir)`, except that below `home` each level is made with `create_dir`, which
+/// fails when its parent (ultimately `home`) is gone instead of re-creating it.
+fn create_dirs_below(home: &Path, dir: &Path) -> io::Result<()> {
+    let Ok(below) = dir.strip_prefix(home) else {
+        return std::fs::create_dir_all(dir);
+    };
+    let mut current = home.to_owned();
+    for part in below.components() {
+        current.push(part);
+        match std::fs::create_dir(&current) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -345,6 +419,73 @@ mod tests {
         );
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[tokio::test]
+    async fn a_removed_home_is_gone_for_every_call_and_a_write_does_not_bring_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("sandbox");
+        std::fs::create_dir_all(home.join("project")).unwrap();
+        let sandbox = LocalSandbox::new("alice", &home);
+        std::fs::remove_dir_all(&home).unwrap();
+
+        let exec = Exec::new("true", Duration::from_secs(10));
+        let errors = [
+            sandbox.exec(&exec).await.unwrap_err(),
+            sandbox
+                .read_file(&home.join("project/a"))
+                .await
+                .unwrap_err(),
+            sandbox
+                .write_file(&home.join("project/a"), b"x")
+                .await
+                .unwrap_err(),
+        ];
+        for err in errors {
+            assert!(err.is_gone(), "{err}");
+            assert_eq!(err.to_string(), "sandbox alice is gone");
+        }
+        assert!(!home.exists());
+    }
+
+    #[tokio::test]
+    async fn a_command_that_fails_because_its_sandbox_vanished_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("sandbox");
+        std::fs::create_dir_all(&home).unwrap();
+        let sandbox = LocalSandbox::new("alice", &home);
+        let err = sandbox
+            .exec(&Exec::new(
+                "rm -rf \"$HOME\"; cat \"$HOME/missing\"",
+                Duration::from_secs(10),
+            ))
+            .await
+            .unwrap_err();
+        assert!(err.is_gone(), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_command_in_a_present_sandbox_is_not_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = LocalSandbox::new("alice", dir.path());
+        let out = sandbox
+            .exec(&Exec::new("exit 3", Duration::from_secs(10)))
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, Some(3));
+        let err = sandbox
+            .exec(&Exec::new("sleep 5", Duration::from_millis(100)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, SandboxError::Timeout { .. }), "{err}");
+        sandbox
+            .write_file(&dir.path().join("a/b"), b"x")
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(dir.path().join("a/b")).unwrap(), b"x");
+        std::fs::create_dir(dir.path().join("c")).unwrap();
+        let err = sandbox.read_file(&dir.path().join("c")).await.unwrap_err();
+        assert!(matches!(err, SandboxError::File { .. }), "{err}");
     }
 
     #[test]

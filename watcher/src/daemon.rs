@@ -57,8 +57,8 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
-    /// 2 for what the user must fix in the command or the directory, 3 for a lock held by
-    /// another watcher, 1 for everything that went wrong at run time.
+    /// 2 for what the user must fix in the command or the directory (or a project that is
+    /// gone), 3 for a lock held by another watcher, 1 for everything that went wrong at run time.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::NotARepo { .. } | Self::Gone { .. } => 2,
@@ -461,6 +461,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         filter,
     } = setup(&config)?;
     let _instance = InstanceLock::try_acquire(&git_dir)?;
+    let project = DirIdentity::of(&workdir).map_err(|source| DaemonError::Io {
+        path: workdir.clone(),
+        source,
+    })?;
     // libgit2's object cache keeps every tree and commit a save or a push read until the
     // process ends: an idle watcher would hold the peak of its largest batch. A save reads a
     // handful of objects, so reading them again costs less than keeping them.
@@ -574,6 +578,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             }
             () = sleep_until(retry_at), if retry_at.is_some() => Changes::default(),
         };
+        if !project.is_still(&workdir) {
+            // Removed and made again (a re-created sandbox): the git markers may all be there,
+            // but they are not ours, and saving would write into the new project.
+            gone = Some(project_gone(&git_dir));
+            break;
+        }
         let mut wait = FIRST_RETRY;
         if let Some((earlier, _, last_wait)) = retry.take() {
             changes.merge(earlier);
@@ -612,6 +622,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     if let Some(gone) = gone {
         return Err(gone);
     }
+    if !project.is_still(&workdir) {
+        return Err(project_gone(&git_dir));
+    }
     tracing::info!("stopping: saving what is pending");
     let result = saver.save(Changes::everything()).await;
     book.committing = false;
@@ -637,6 +650,34 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     book.write();
     outcome
+}
+
+/// Which directory the watcher started in (device and inode), to notice the project being
+/// removed, or removed and made again, under it: paths alone would lead it into the new one.
+struct DirIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl DirIdentity {
+    fn of(dir: &Path) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir)?;
+        Ok(Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    fn is_still(&self, dir: &Path) -> bool {
+        Self::of(dir).is_ok_and(|now| now.dev == self.dev && now.ino == self.ino)
+    }
+}
+
+fn project_gone(git_dir: &Path) -> DaemonError {
+    DaemonError::Gone {
+        git_dir: git_dir.to_owned(),
+    }
 }
 
 fn log_commit(c: &Committed) {

@@ -106,11 +106,7 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
     // Only the watcher's own folder is made, never `.git` itself: a repository deleted
     // under a running watcher must not come back as an empty `.git`.
     if let Some(parent) = path.parent() {
-        match fs::create_dir(parent) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_err(e)),
-        }
+        create_state_dir(parent).map_err(io_err)?;
     }
     OpenOptions::new()
         .read(true)
@@ -119,6 +115,16 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         .truncate(false)
         .open(path)
         .map_err(io_err)
+}
+
+/// Makes `.git/project-watcher` (one level: `.git` must exist). A watcher whose project was
+/// removed under it then fails here instead of re-creating the removed tree, which a sandbox
+/// provider would take for a sandbox that still exists.
+pub fn create_state_dir(dir: &Path) -> io::Result<()> {
+    match fs::create_dir(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// How old an `index.lock` must be before it counts as left behind by a dead process.

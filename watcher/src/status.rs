@@ -115,7 +115,7 @@ const RESERVE_BYTES: usize = 64 * 1024;
 /// reserve to get the news out, and puts the reserve back once there is room again.
 pub fn write(git_dir: &Path, status: &Status) -> io::Result<()> {
     let dir = state_dir(git_dir);
-    fs::create_dir_all(&dir)?;
+    crate::lock::create_state_dir(&dir)?;
     let mut body = serde_json::to_vec_pretty(status).map_err(io::Error::other)?;
     body.push(b'\n');
     let reserve = dir.join("status.reserve");

@@ -10,6 +10,7 @@ use std::os::unix::fs::symlink;
 use std::time::Duration;
 
 use common::{Daemon, PATIENCE, Repo};
+use project_watcher::daemon::DaemonError;
 use testkit::git::git;
 use testkit::wait::until;
 
@@ -361,6 +362,86 @@ fn not_a_repository_is_a_usage_error_that_says_how_to_fix_it() {
         .unwrap_err();
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("git init"), "{err}");
+}
+
+/// The project removed under a running watcher (a wiped sandbox), and, with `remake`, a new
+/// directory made at the same path at once (the sandbox re-created): the watcher stops with
+/// exit code 2 and writes nothing there, not even its state directory.
+fn check_project_removed(remake: bool) {
+    let repo = Repo::new();
+    repo.write("a.txt", "a\n");
+    let daemon = Daemon::start(&repo, repo.config());
+    repo.wait_saved();
+
+    // The watcher may write its status file while `rm -rf` runs; a second pass finishes.
+    until(PATIENCE, "the project to be removed", || {
+        fs::remove_dir_all(&repo.dir).ok()
+    });
+    if remake {
+        fs::create_dir(&repo.dir).unwrap();
+        fs::write(repo.dir.join("new.txt"), "new\n").unwrap();
+    }
+    until(PATIENCE, "the watcher to stop", || {
+        daemon.finished().then_some(())
+    });
+
+    let err = daemon.join().unwrap_err();
+    assert!(matches!(err, DaemonError::Gone { .. }), "{err}");
+    assert_eq!(err.exit_code(), 2, "a supervisor must not restart it there");
+    if remake {
+        let names: Vec<_> = fs::read_dir(&repo.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["new.txt"]);
+    } else {
+        assert!(
+            !repo.dir.exists(),
+            "nothing brought the removed directory back"
+        );
+    }
+}
+
+/// The project replaced in one step by another repository, complete with git's markers and
+/// the watcher's state folder (a sandbox re-created at the same path between two saves): only
+/// the directory's identity tells the watcher, which stops without saving into the new one.
+#[test]
+fn a_project_replaced_by_another_repository_stops_the_watcher_without_saving_there() {
+    let repo = Repo::new();
+    repo.write("a.txt", "a\n");
+    let daemon = Daemon::start(&repo, repo.config());
+    repo.wait_saved();
+    let other = repo.dir.with_file_name("other");
+    testkit::git::init_repo(&other);
+    fs::write(other.join("b.txt"), "b\n").unwrap();
+    git(&other, ["add", "-A"]);
+    git(&other, ["commit", "-qm", "the new sandbox's"]);
+    fs::create_dir(other.join(".git/project-watcher")).unwrap();
+    let head = git(&other, ["rev-parse", "HEAD"]);
+
+    until(PATIENCE, "the project to be removed", || {
+        fs::remove_dir_all(&repo.dir).ok()
+    });
+    fs::rename(&other, &repo.dir).unwrap();
+    until(PATIENCE, "the watcher to stop", || {
+        daemon.finished().then_some(())
+    });
+
+    let err = daemon.join().unwrap_err();
+    assert!(matches!(err, DaemonError::Gone { .. }), "{err}");
+    assert_eq!(git(&repo.dir, ["rev-parse", "HEAD"]), head);
+    assert_eq!(git(&repo.dir, ["status", "--porcelain"]), "");
+    assert!(!repo.dir.join("shmastra.json").exists());
+}
+
+#[test]
+fn a_project_removed_under_the_watcher_stops_it() {
+    check_project_removed(false);
+}
+
+#[test]
+fn a_project_removed_and_made_again_stops_the_watcher_without_touching_the_new_one() {
+    check_project_removed(true);
 }
 
 #[test]

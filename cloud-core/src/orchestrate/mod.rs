@@ -3,9 +3,13 @@
 //!
 //! Everything here talks to the sandbox only through commands and files, so the same code
 //! drives an E2B sandbox in production and a [`crate::sandbox::LocalSandbox`] in tests.
+//! [`lifecycle::Lifecycle`] adds where sandboxes come from: re-provisioning a lost one and
+//! bounded recovery around every step.
 
 pub mod coalesce;
 pub mod history;
+pub mod lifecycle;
+pub mod recovery;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -153,6 +157,16 @@ pub enum OrchestrateError {
         exit: String,
         tail: String,
     },
+    /// Recovery gave up: the user's sandbox was lost again and again. Someone has to look.
+    #[error(
+        "the sandbox of user {user} was lost and re-created {count} times within {}; recovery stopped, it needs attention",
+        humantime::format_duration(*window)
+    )]
+    NeedsAttention {
+        user: UserId,
+        count: u32,
+        window: Duration,
+    },
 }
 
 impl OrchestrateError {
@@ -161,10 +175,18 @@ impl OrchestrateError {
         match self {
             Self::Host { transient, .. } => *transient,
             Self::Sandbox(SandboxError::Timeout { .. }) => true,
-            Self::Sandbox(_) | Self::Command { .. } | Self::Manifest { .. } | Self::Form(_) => {
-                false
-            }
+            Self::Sandbox(_)
+            | Self::Command { .. }
+            | Self::Manifest { .. }
+            | Self::Form(_)
+            | Self::NeedsAttention { .. } => false,
         }
+    }
+
+    /// Whether the sandbox itself is gone (recovery re-provisions it), as opposed to a step
+    /// failing inside it.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Self::Sandbox(e) if e.is_gone())
     }
 }
 
@@ -197,11 +219,41 @@ pub enum SandboxStatus {
     Broken {
         failure: String,
     },
+    /// Re-provisioning a lost sandbox, at this step.
+    Provisioning {
+        step: ProvisionStep,
+    },
+    /// The saved project needs these secrets (`shmastra.json`) before the new sandbox can
+    /// start: the restore form must ask the user for them.
+    NeedsSecrets {
+        names: Vec<String>,
+    },
+    /// Recovery stopped after losing the sandbox too often; `reason` says how often.
+    NeedsAttention {
+        reason: String,
+    },
+}
+
+/// The steps of re-provisioning, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProvisionStep {
+    /// A new sandbox from the template.
+    Creating,
+    /// The saved branch into the new sandbox (`project-watcher restore`).
+    Restoring,
+    /// `.env` from the restore form, the dev server, the watcher.
+    Starting,
 }
 
 /// Where sync status changes go (the cloud's database; a list in tests).
 pub trait StatusSink: Send + Sync {
     fn set_status(&self, sandbox: &str, status: SandboxStatus);
+}
+
+impl<T: StatusSink + ?Sized> StatusSink for std::sync::Arc<T> {
+    fn set_status(&self, sandbox: &str, status: SandboxStatus) {
+        (**self).set_status(sandbox, status);
+    }
 }
 
 /// The orchestration entry points. `persistence` is `None` when the feature is off: then
@@ -456,8 +508,8 @@ impl<H: ProjectHost> Orchestrator<H> {
     }
 
     /// Brings a running sandbox to the pushed branch: status `syncing`, then `ready`, or
-    /// `broken` with the failure file. Triggers that arrive meanwhile coalesce into one more
-    /// run. With the feature off there is nothing to sync from.
+    /// `broken` with the failure file (also when the sandbox is gone). Triggers that arrive
+    /// meanwhile coalesce into one more run. With the feature off there is nothing to sync from.
     pub async fn sync<S: Sandbox>(
         &self,
         sandbox: &S,
@@ -465,13 +517,51 @@ impl<H: ProjectHost> Orchestrator<H> {
         status: &impl StatusSink,
     ) -> Triggered {
         self.syncs
-            .trigger(sandbox.id(), || self.sync_once(sandbox, user, status))
+            .trigger(sandbox.id(), || async {
+                if let Err(gone) = self.sync_once(sandbox, user, status).await {
+                    status.set_status(
+                        sandbox.id(),
+                        SandboxStatus::Broken {
+                            failure: format!("step: sync\nerror: {gone}\n"),
+                        },
+                    );
+                }
+            })
             .await
     }
 
-    async fn sync_once<S: Sandbox>(&self, sandbox: &S, user: &UserId, status: &impl StatusSink) {
+    /// [`Orchestrator::sync`] for callers that recover lost sandboxes: a sandbox that is gone
+    /// is an error (the status stays `syncing`), everything else ends as in `sync`.
+    pub async fn try_sync<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+        status: &impl StatusSink,
+    ) -> Result<Triggered, OrchestrateError> {
+        let gone = std::sync::Mutex::new(None);
+        let triggered = self
+            .syncs
+            .trigger(sandbox.id(), || async {
+                if let Err(e) = self.sync_once(sandbox, user, status).await {
+                    *gone.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+            })
+            .await;
+        match gone.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e.into()),
+            None => Ok(triggered),
+        }
+    }
+
+    /// One sync run. `Err` only when the sandbox is gone; every other outcome is a status.
+    async fn sync_once<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+        status: &impl StatusSink,
+    ) -> Result<(), SandboxError> {
         let Some(persistence) = &self.persistence else {
-            return;
+            return Ok(());
         };
         status.set_status(sandbox.id(), SandboxStatus::Syncing);
         let layout = &self.layout;
@@ -491,12 +581,12 @@ impl<H: ProjectHost> Orchestrator<H> {
         if let Some(install) = &layout.install_cmd {
             exec = exec.env("INSTALL_CMD", install.clone());
         }
-        let result = self.in_project(sandbox, exec).await;
-        let next = match result {
+        let next = match self.in_project(sandbox, exec).await {
             Ok(out) if out.success() => SandboxStatus::Ready,
             Ok(out) => {
                 let failure = match sandbox.read_file(&failure_file).await {
                     Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+                    Err(e) if e.is_gone() => return Err(e),
                     _ => format!(
                         "step: sync\nerror: project-watcher sync exited with {}\n{}",
                         exit_text(&out),
@@ -505,6 +595,7 @@ impl<H: ProjectHost> Orchestrator<H> {
                 };
                 SandboxStatus::Broken { failure }
             }
+            Err(OrchestrateError::Sandbox(e)) if e.is_gone() => return Err(e),
             Err(e) => SandboxStatus::Broken {
                 failure: format!("step: sync\nerror: {e}\n"),
             },
@@ -513,6 +604,7 @@ impl<H: ProjectHost> Orchestrator<H> {
             tracing::warn!(sandbox = sandbox.id(), failure = %failure.lines().take(2).collect::<Vec<_>>().join("; "), "sync failed");
         }
         status.set_status(sandbox.id(), next);
+        Ok(())
     }
 
     /// Provisions every existing sandbox; one failure does not stop the rest. A second run

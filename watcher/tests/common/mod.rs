@@ -174,6 +174,11 @@ impl Daemon {
         self.finish()
     }
 
+    /// Whether `run` has returned.
+    pub fn finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     /// Waits for `run` to return by itself.
     pub fn join(mut self) -> Result<(), DaemonError> {
         self.thread
