@@ -2,149 +2,23 @@
 //! webhook, the GitLab upstream (fake API + real git server) with the service token kept out of
 //! every log line, and a 100 MB push through bounded proxy memory.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+mod common;
+
+use std::path::Path;
 
 use base64::Engine as _;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
-use testkit::git::{git, git_output, hermetic_env, init_repo};
+use testkit::git::{git, git_output, init_repo};
 use testkit::git_server::GitServer;
-use testkit::wait;
+
+use common::Serve;
 
 const SECRET: &str = "serve-tests-secret-0123456789abcdef";
 const WEBHOOK_SECRET: &str = "webhook-secret-for-tests";
-const DEADLINE: Duration = Duration::from_secs(60);
 
-/// A running `shmastra-cloud serve`; killed on drop.
-struct Serve {
-    child: Child,
-    /// Kept open: serve prints its outcome on exit, and a closed pipe would fail that.
-    _stdout: BufReader<std::process::ChildStdout>,
-    addr: String,
-    stderr: PathBuf,
-    events: PathBuf,
-    tmp: tempfile::TempDir,
-}
-
-impl Serve {
-    fn start(extra_args: &[&str], env: &[(&str, &str)]) -> Serve {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let stderr = tmp.path().join("serve.log");
-        let events = tmp.path().join("events");
-        let record = format!(
-            "printf '%s %s %s\\n' \"$SHMASTRA_USER\" \"$SHMASTRA_REF\" \"$SHMASTRA_NEW_OID\" >> '{}'",
-            events.display()
-        );
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"));
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--on-external-push",
-            &record,
-        ])
-        .args(extra_args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("SHMASTRA_TOKEN_SECRET", SECRET)
-        .envs(hermetic_env(tmp.path()))
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).expect("log file"));
-        let mut child = cmd.spawn().expect("start shmastra-cloud serve");
-        let mut first = String::new();
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        stdout
-            .read_line(&mut first)
-            .expect("read the listening line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "serve did not start: {first:?}\n{}",
-                    std::fs::read_to_string(&stderr).unwrap_or_default()
-                )
-            })
-            .to_owned();
-        Serve {
-            child,
-            _stdout: stdout,
-            addr,
-            stderr,
-            events,
-            tmp,
-        }
-    }
-
-    fn token(&self, user: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
-            .args(["token", "mint", "--user", user])
-            .env("SHMASTRA_TOKEN_SECRET", SECRET)
-            .output()
-            .expect("token mint");
-        assert!(out.status.success());
-        String::from_utf8(out.stdout)
-            .expect("utf-8")
-            .trim()
-            .to_owned()
-    }
-
-    fn remote_url(&self, user: &str) -> String {
-        format!(
-            "http://x:{}@{}/api/git/{user}.git",
-            self.token(user),
-            self.addr
-        )
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn events(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.events)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn wait_for_events(&self, n: usize) -> Vec<String> {
-        wait::until(DEADLINE, &format!("{n} sync command runs"), || {
-            let events = self.events();
-            (events.len() >= n).then_some(events)
-        })
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGTERM, then the exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-        wait::until(DEADLINE, "serve exits", || {
-            self.child.try_wait().expect("wait")
-        })
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// serve signed with this file's secret; its sync command records each event.
+fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
+    Serve::start(SECRET, args, env, "true")
 }
 
 fn work_tree(dir: &Path, url: &str) -> String {
@@ -190,7 +64,7 @@ fn push_payload(user: &str, new_oid: &str) -> String {
 fn external_pushes_run_the_sync_command_once() {
     let up = tempfile::tempdir().expect("tempdir");
     let up_dir = up.path().to_str().expect("utf-8 path");
-    let serve = Serve::start(&["--upstream-dir", up_dir], &[]);
+    let mut serve = serve(&["--upstream-dir", up_dir], &[]);
     let work = serve.tmp.path().join("work");
     let head = work_tree(&work, &serve.remote_url("alice"));
 
@@ -233,7 +107,7 @@ fn gitlab_upstream_gets_the_service_token_which_no_log_line_shows_and_webhook_ec
     let gitlab = runtime.block_on(FakeGitLab::start());
     gitlab.set_repo_base(&server.base_url());
     gitlab.add_project("alice");
-    let serve = Serve::start(
+    let serve = serve(
         &[],
         &[
             ("GITLAB_SERVICE_TOKEN", SERVICE_TOKEN),
@@ -321,7 +195,7 @@ fn vm_kib(pid: u32, field: &str) -> u64 {
 #[test]
 fn a_100_mb_push_streams_through_bounded_proxy_memory() {
     let up = tempfile::tempdir().expect("tempdir");
-    let serve = Serve::start(
+    let serve = serve(
         &["--upstream-dir", up.path().to_str().expect("utf-8 path")],
         &[],
     );

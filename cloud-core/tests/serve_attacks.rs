@@ -3,154 +3,34 @@
 //! double that resolves project paths case-insensitively as GitLab does. Each test states the
 //! attack and asserts on what the attacker and the other tenants see.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
-use testkit::git::{git, git_output, hermetic_env, init_repo};
+use testkit::git::{git, git_output, init_repo};
 use testkit::git_server::GitServer;
 use testkit::wait;
 
+use common::{DEADLINE, Serve};
+
 const SECRET: &str = "serve-attack-secret-0123456789abcdef";
 const WEBHOOK_SECRET: &str = "webhook-attack-secret-0123456789";
-const DEADLINE: Duration = Duration::from_secs(60);
 const ZERO: &str = "0000000000000000000000000000000000000000";
 
-/// A running `shmastra-cloud serve`; killed on drop.
-struct Serve {
-    child: Child,
-    _stdout: BufReader<std::process::ChildStdout>,
-    addr: String,
-    stderr: PathBuf,
-    events: PathBuf,
-    tmp: tempfile::TempDir,
+/// serve signed with this file's secret; its sync command records each event.
+fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
+    Serve::start(SECRET, args, env, "true")
 }
 
-/// `--on-external-push` that appends `user ref oid` to `events`, then runs `extra`.
-fn record_command(events: &Path, extra: &str) -> String {
-    format!(
-        "printf '%s %s %s\\n' \"$SHMASTRA_USER\" \"$SHMASTRA_REF\" \"$SHMASTRA_NEW_OID\" >> '{}'; {extra}",
-        events.display()
-    )
-}
-
-impl Serve {
-    fn start(args: &[&str], env: &[(&str, &str)]) -> Serve {
-        Serve::start_with(args, env, "true")
-    }
-
-    /// `sync_extra`: shell run by the sync command after it recorded the event.
-    fn start_with(args: &[&str], env: &[(&str, &str)], sync_extra: &str) -> Serve {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let stderr = tmp.path().join("serve.log");
-        let events = tmp.path().join("events");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"));
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--on-external-push",
-            &record_command(&events, sync_extra),
-        ])
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("SHMASTRA_TOKEN_SECRET", SECRET)
-        .envs(hermetic_env(tmp.path()))
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).expect("log file"));
-        let mut child = cmd.spawn().expect("start shmastra-cloud serve");
-        let mut first = String::new();
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        stdout
-            .read_line(&mut first)
-            .expect("read the listening line");
-        let addr = first
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| {
-                panic!(
-                    "serve did not start: {first:?}\n{}",
-                    std::fs::read_to_string(&stderr).unwrap_or_default()
-                )
-            })
-            .to_owned();
-        Serve {
-            child,
-            _stdout: stdout,
-            addr,
-            stderr,
-            events,
-            tmp,
-        }
-    }
-
-    fn remote_url(&self, user: &str) -> String {
-        format!(
-            "http://x:{}@{}/api/git/{user}.git",
-            token(user, &[]),
-            self.addr
-        )
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn connect(&self) -> TcpStream {
-        let stream = TcpStream::connect(&self.addr).expect("connect to serve");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .expect("read timeout");
-        stream
-    }
-
-    fn events(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.events)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    fn wait_for_events(&self, n: usize) -> Vec<String> {
-        wait::until_seen(DEADLINE, &format!("{n} sync command runs"), || {
-            let events = self.events();
-            if events.len() >= n {
-                Ok(events)
-            } else {
-                Err(events)
-            }
-        })
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// SIGTERM, then the exit status.
-    fn stop(&mut self) -> std::process::ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-        wait::until(DEADLINE, "serve exits", || {
-            self.child.try_wait().expect("wait")
-        })
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Like `serve`, with `sync_extra` run by the sync command after it recorded the event.
+fn serve_with(args: &[&str], env: &[(&str, &str)], sync_extra: &str) -> Serve {
+    Serve::start(SECRET, args, env, sync_extra)
 }
 
 /// `token mint --user USER` with the test secret and `env`.
@@ -346,7 +226,7 @@ fn embedded(extra: &[&str]) -> (Serve, tempfile::TempDir) {
     let up = tempfile::tempdir().expect("tempdir");
     let mut args = vec!["--upstream-dir", up.path().to_str().expect("utf-8")];
     args.extend_from_slice(extra);
-    (Serve::start(&args, &[]), up)
+    (serve(&args, &[]), up)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -752,7 +632,7 @@ impl GitLabSetup {
             ("GITLAB_WEBHOOK_SECRET", WEBHOOK_SECRET),
         ];
         env.extend_from_slice(extra_env);
-        Serve::start(&[], &env)
+        serve(&[], &env)
     }
 }
 
@@ -900,7 +780,7 @@ fn a_rejected_service_token_is_not_sent_again_and_healthz_reports_it() {
 #[test]
 fn one_users_push_volume_never_delays_another_users_sync() {
     let up = tempfile::tempdir().expect("tempdir");
-    let serve = Serve::start_with(
+    let serve = serve_with(
         &["--upstream-dir", up.path().to_str().expect("utf-8")],
         &[],
         "if [ \"$SHMASTRA_USER\" = alice ]; then sleep 8; fi",
@@ -1167,7 +1047,7 @@ fn a_revoked_token_is_refused_at_once_and_other_users_keep_theirs() {
     let state_dir = state.path().to_str().expect("utf-8");
     let env = [("SHMASTRA_TOKEN_STATE", state_dir)];
     let up = tempfile::tempdir().expect("tempdir");
-    let serve = Serve::start(
+    let serve = serve(
         &["--upstream-dir", up.path().to_str().expect("utf-8")],
         &env,
     );
@@ -1404,7 +1284,7 @@ fn children_get_only_the_environment_they_need() {
     );
     let sync_env = tmp.path().join("sync-env");
     let up = tmp.path().join("up");
-    let serve = Serve::start_with(
+    let serve = serve_with(
         &[
             "--upstream-dir",
             up.to_str().expect("utf-8"),
