@@ -38,23 +38,13 @@ impl Children {
     pub fn kill_all(&self) {
         let groups: Vec<u32> = self.lock().drain().collect();
         for group in groups {
-            kill_process_group(group);
+            crate::process_group::kill(group);
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u32>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// SIGKILLs every process in the group (`kill -KILL -- -PGID`): the library forbids `unsafe`,
-/// and this runs only when a request ends early or the server stops.
-fn kill_process_group(group: u32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{group}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 /// Runs `git http-backend` for `req` against the bare repositories under `project_root`.
@@ -251,7 +241,7 @@ async fn reap(
         status = child.wait() => status,
         () = early_end.cancelled() => {
             tracing::info!(path = %path, "request ended early; ending its git http-backend");
-            kill_process_group(group);
+            crate::process_group::kill(group);
             child.wait().await
         }
     };

@@ -5,6 +5,7 @@ pub mod gitlab;
 pub mod http_backend;
 pub mod manifest;
 pub mod orchestrate;
+mod process_group;
 pub mod provider;
 pub mod proxy;
 pub mod sandbox;

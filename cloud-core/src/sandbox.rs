@@ -271,7 +271,7 @@ impl LocalSandbox {
             .await
             .map_err(|_| {
                 if let Some(group) = group {
-                    kill_process_group(group);
+                    crate::process_group::kill(group);
                 }
                 SandboxError::Timeout {
                     sandbox: self.id.clone(),
@@ -299,16 +299,6 @@ impl LocalSandbox {
             source,
         }
     }
-}
-
-/// SIGKILLs every process in the group (`kill -KILL -- -PGID`): the library forbids `unsafe`,
-/// and this runs only after a timeout, so one extra process is cheap.
-fn kill_process_group(group: u32) {
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{group}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 /// Writes through a temp file and a rename, mode 0600 from the start. Missing folders are
