@@ -50,6 +50,11 @@ pub fn run(options: Options) -> Result<()> {
     let mut figures = Vec::new();
     for (package, tests) in SUITES {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let proptest_cases = if *package == "project-watcher" {
+            options.watcher_proptest_cases
+        } else {
+            options.proptest_cases
+        };
         let mut cmd = Command::new(&cargo);
         cmd.args(["test", "--release", "--locked", "-p", package]);
         for test in *tests {
@@ -58,7 +63,9 @@ pub fn run(options: Options) -> Result<()> {
         cmd.args(["--", "--nocapture"])
             .env("RELIABILITY_ROUNDS", options.rounds.to_string())
             .env("RELIABILITY_OUTAGE_SECS", options.outage_secs.to_string())
-            .env("PROPTEST_CASES", options.proptest_cases.to_string())
+            // proptest lets PROPTEST_CASES override a test's own case count, so the watcher's
+            // differential tests (a watcher and real git per case) get their own number here.
+            .env("PROPTEST_CASES", proptest_cases.to_string())
             .env(
                 "WATCHER_PROPTEST_CASES",
                 options.watcher_proptest_cases.to_string(),
