@@ -84,6 +84,9 @@ pub struct Config {
     /// Raw inotify events buffered before the watch stage; when full, everything is
     /// rescanned. Not a flag: tests lower it to force that path.
     pub event_buffer: usize,
+    /// How long the watcher stays quiet after a save before it writes `.git/index` (the
+    /// commit does not wait for it). Not a flag: tests change it to hold the window open.
+    pub index_quiet: Duration,
 }
 
 impl fmt::Debug for Config {
@@ -109,6 +112,7 @@ pub const DEFAULT_DEBOUNCE: Duration = Duration::from_secs(3);
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_FILE_SIZE: u64 = 50 * 1024 * 1024;
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(8);
+pub const DEFAULT_INDEX_QUIET: Duration = Duration::from_secs(2);
 
 impl Config {
     /// The documented defaults for `dir`.
@@ -125,6 +129,7 @@ impl Config {
             log_format: LogFormat::Auto,
             token: None,
             event_buffer: DEFAULT_EVENT_BUFFER,
+            index_quiet: DEFAULT_INDEX_QUIET,
         }
     }
 

@@ -1,18 +1,19 @@
 //! The wiring of `watch` and `once`: opens the repository, takes the locks, starts the
-//! stages, keeps the status file true, and saves what is pending on shutdown.
+//! stages, keeps the status file true, writes the index when quiet, and saves what is pending
+//! on shutdown.
 
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use git2::{Oid, Repository};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::changes::Changes;
-use crate::commit::{self, Committed};
+use crate::commit::Committed;
 use crate::config::Config;
 use crate::debounce::{self, Debounce, Debounced};
 use crate::filter::Filter;
@@ -20,13 +21,9 @@ use crate::lock::{self, InstanceLock, LockError, RepoLock};
 use crate::manifest;
 use crate::push::{PushEvent, PushHandle};
 use crate::remote::RemoteSettings;
-use crate::stage::{StageError, Stager};
-use crate::status::{self, SkippedFile, State, Status};
+use crate::save::{SaveError, SaveRetry, SaveWorker, Saved, repository_gone};
+use crate::status::{self, State, Status};
 use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
-
-/// First wait before a failed save is tried again; doubles up to [`MAX_RETRY`].
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-const MAX_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -41,9 +38,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Watch(#[from] WatchError),
     #[error(transparent)]
-    Stage(#[from] StageError),
-    #[error("git failed in {dir}: {source}")]
-    Git { dir: PathBuf, source: git2::Error },
+    Save(SaveError),
     #[error("cannot write {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error(transparent)]
@@ -54,6 +49,15 @@ pub enum DaemonError {
         "the project's repository {git_dir} is gone (the project directory was deleted?); stopping without writing anything there"
     )]
     Gone { git_dir: PathBuf },
+}
+
+impl From<SaveError> for DaemonError {
+    fn from(e: SaveError) -> Self {
+        match e {
+            SaveError::Gone { git_dir } => Self::Gone { git_dir },
+            e => Self::Save(e),
+        }
+    }
 }
 
 impl DaemonError {
@@ -102,181 +106,6 @@ fn excludes_file(repo: &Repository) -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
     Some(base.join("git").join("ignore"))
-}
-
-/// The blocking half: stage and commit under the repo lock. It owns the `Repository` and the
-/// `Index` between batches; libgit2's index cannot move between threads, so it lives on a
-/// thread of its own and takes batches through a channel.
-struct Saver {
-    repo: Repository,
-    stager: Stager,
-    git_dir: PathBuf,
-    workdir: PathBuf,
-}
-
-/// What one save did.
-struct Saved {
-    committed: Option<Committed>,
-    skipped: Vec<SkippedFile>,
-}
-
-type SaveJob = (Changes, oneshot::Sender<Result<Saved, DaemonError>>);
-
-/// Whether the repository is being deleted under us: a part git needs to call it one (`HEAD`,
-/// `objects/`, `refs/`) or the watcher's own folder (made at start, never removed by the
-/// watcher, `restore` or `sync`) has gone. Writing anything then would recreate folders inside
-/// a tree `rm -rf` is deleting, and make it fail.
-fn repository_gone(git_dir: &Path) -> bool {
-    !git_dir.join("HEAD").exists()
-        || !git_dir.join("config").exists()
-        || !git_dir.join("objects").is_dir()
-        || !git_dir.join("refs").is_dir()
-        || !lock::state_dir(git_dir).is_dir()
-}
-
-impl Saver {
-    /// One save; a failure caused by the repository vanishing mid-save is [`DaemonError::Gone`].
-    fn save(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
-        let git_dir = self.git_dir.clone();
-        let gone = || DaemonError::Gone {
-            git_dir: git_dir.clone(),
-        };
-        if repository_gone(&git_dir) {
-            return Err(gone());
-        }
-        match self.save_in_repository(changes) {
-            Err(_) if repository_gone(&git_dir) => Err(gone()),
-            result => result,
-        }
-    }
-
-    fn save_in_repository(&mut self, changes: &Changes) -> Result<Option<Committed>, DaemonError> {
-        let _lock = RepoLock::acquire(&self.git_dir)?;
-        self.remove_stale_locks();
-        let _marker =
-            lock::WorkMarker::begin(&self.git_dir, lock::WorkMarker::SAVING).map_err(|source| {
-                DaemonError::Io {
-                    path: lock::state_dir(&self.git_dir),
-                    source,
-                }
-            })?;
-        let mut changes = changes.clone();
-        if changes.env_changed {
-            match manifest::sync(&self.workdir) {
-                Ok(true) => {
-                    changes.paths.insert(PathBuf::from(manifest::MANIFEST_FILE));
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE),
-            }
-        }
-        let tree = self.stager.stage(&changes)?;
-        commit::commit_tree(&self.repo, tree).map_err(|source| DaemonError::Git {
-            dir: self.workdir.clone(),
-            source,
-        })
-    }
-
-    /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's) that no process
-    /// holds: removed once 60 s old, or at once when a watcher died inside a save.
-    fn remove_stale_locks(&self) {
-        let branch = self
-            .repo
-            .find_reference("HEAD")
-            .ok()
-            .and_then(|head| head.symbolic_target().ok().flatten().map(str::to_owned));
-        let paths = ["index", "HEAD"]
-            .into_iter()
-            .map(str::to_owned)
-            .chain(branch)
-            .map(|name| self.git_dir.join(format!("{name}.lock")));
-        let died = lock::WorkMarker::left_behind(&self.git_dir, lock::WorkMarker::SAVING);
-        lock::clear_stale_locks(paths, died);
-    }
-
-    fn skipped(&self) -> Vec<SkippedFile> {
-        self.stager
-            .skipped()
-            .iter()
-            .map(|(path, size)| SkippedFile {
-                path: path.to_string_lossy().into_owned(),
-                size: *size,
-                reason: "larger than --max-file-size".to_owned(),
-            })
-            .collect()
-    }
-
-    /// Starts the saver thread; it ends when the returned sender is dropped.
-    fn spawn(
-        workdir: &Path,
-        git_dir: &Path,
-        filter: Arc<RwLock<Filter>>,
-        tracked_ignored_changed: Arc<Notify>,
-        max_file_size: u64,
-    ) -> Result<SaveWorker, DaemonError> {
-        let (jobs, rx) = std::sync::mpsc::channel::<SaveJob>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (workdir, git_dir) = (workdir.to_owned(), git_dir.to_owned());
-        std::thread::Builder::new()
-            .name("project-watcher save".to_owned())
-            .spawn(move || {
-                let opened = Repository::open(&workdir)
-                    .map_err(|source| DaemonError::Git {
-                        dir: workdir.clone(),
-                        source,
-                    })
-                    .and_then(|repo| {
-                        let stager = Stager::new(
-                            &repo,
-                            &workdir,
-                            filter,
-                            tracked_ignored_changed,
-                            max_file_size,
-                        )?;
-                        Ok(Saver {
-                            repo,
-                            stager,
-                            git_dir,
-                            workdir,
-                        })
-                    });
-                let mut saver = match opened {
-                    Ok(saver) => {
-                        let _ = ready_tx.send(Ok(()));
-                        saver
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                for (changes, reply) in rx {
-                    let result = saver.save(&changes).map(|committed| Saved {
-                        committed,
-                        skipped: saver.skipped(),
-                    });
-                    let _ = reply.send(result);
-                }
-            })
-            .map_err(DaemonError::Runtime)?;
-        ready_rx
-            .recv()
-            .map_err(|_| DaemonError::Runtime(io::Error::other("the save thread died")))??;
-        Ok(SaveWorker { jobs })
-    }
-}
-
-struct SaveWorker {
-    jobs: std::sync::mpsc::Sender<SaveJob>,
-}
-
-impl SaveWorker {
-    async fn save(&self, changes: Changes) -> Result<Saved, DaemonError> {
-        let (reply, answer) = oneshot::channel();
-        let died = || DaemonError::Runtime(io::Error::other("the save thread died"));
-        self.jobs.send((changes, reply)).map_err(|_| died())?;
-        answer.await.map_err(|_| died())?
-    }
 }
 
 /// Brings `shmastra.json` in line with `.env` under the repo lock.
@@ -393,8 +222,18 @@ struct StatusBook {
     status: Status,
     pending: bool,
     committing: bool,
-    save_failed: bool,
+    /// The latest save's failure, until a save succeeds.
+    save_error: Option<String>,
+    /// The watch stage's latest problem (watch limit, unreadable rules).
+    watch_problem: Option<String>,
     push_state: Option<State>,
+}
+
+/// What the daemon does after a save.
+enum SaveOutcome {
+    Done { index_unwritten: bool },
+    Failed(SaveError),
+    Gone(DaemonError),
 }
 
 impl StatusBook {
@@ -404,15 +243,69 @@ impl StatusBook {
         }
         self.status.state = if self.committing {
             State::Committing
-        } else if self.save_failed {
+        } else if self.save_error.is_some() {
             State::Error
         } else if self.pending {
             State::Pending
         } else {
             self.push_state.unwrap_or(State::Idle)
         };
+        self.status.last_error = self.save_error.clone().or(self.watch_problem.clone());
         if let Err(e) = status::write(&self.git_dir, &self.status) {
             tracing::warn!("cannot write the status file: {e}");
+        }
+    }
+
+    /// The one place a save's result is handled: the status, the log, the pusher's head.
+    fn record_save(
+        &mut self,
+        result: Result<Saved, SaveError>,
+        reader: &Repository,
+        pusher: Option<&Pusher>,
+    ) -> SaveOutcome {
+        self.committing = false;
+        self.pending = false;
+        match result {
+            Ok(saved) => {
+                self.save_error = None;
+                self.status.skipped_files = saved.skipped;
+                self.record_commit(reader, saved.committed, pusher);
+                SaveOutcome::Done {
+                    index_unwritten: saved.index_unwritten,
+                }
+            }
+            Err(SaveError::Gone { git_dir }) => SaveOutcome::Gone(DaemonError::Gone { git_dir }),
+            Err(e) => {
+                self.save_error = Some(format!("saving failed: {e}"));
+                SaveOutcome::Failed(e)
+            }
+        }
+    }
+
+    fn record_commit(
+        &mut self,
+        reader: &Repository,
+        committed: Option<Committed>,
+        pusher: Option<&Pusher>,
+    ) {
+        let Some(c) = committed else {
+            // A `restore --at` moved HEAD under the repo lock; its commit goes out like our own.
+            let head = head_of(reader);
+            if let Some(p) = pusher
+                && head.is_some()
+                && p.heads
+                    .send_if_modified(|h| std::mem::replace(h, head) != head)
+            {
+                self.status.head = head.map(|h| h.to_string());
+            }
+            return;
+        };
+        log_commit(&c);
+        self.status.head = Some(c.id.to_string());
+        self.status.last_commit_at = Some(status::timestamp(SystemTime::now()));
+        self.status.unpushed_commits += 1;
+        if let Some(p) = pusher {
+            p.heads.send_replace(head_of(reader).or(Some(c.id)));
         }
     }
 
@@ -491,49 +384,45 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .expect("starting the watches does not panic")?
     };
     let watched = watcher.watched_dirs();
-    let saver = Saver::spawn(
+    let saver = SaveWorker::spawn(
         &workdir,
         &git_dir,
         Arc::clone(&filter),
         tracked_ignored_changed,
         config.max_file_size,
     )?;
-    // A failed first pass (a stale lock, a full disk, a read-only `.git`) is retried like any
-    // other save: exiting would only make the supervisor restart us into the same fault.
-    let first = saver.save(Changes::everything()).await;
-    let mut pusher = start_push(&config, &reader, &workdir);
+    let pusher = start_push(&config, &reader, &workdir);
     let mut book = StatusBook {
         git_dir: git_dir.clone(),
         status: Status {
             unpushed_commits: count_unpushed(&reader, &config.remote, &config.branch, None),
-            last_error: problems.borrow().clone(),
+            head: head_of(&reader).map(|h| h.to_string()),
             ..Status::default()
         },
         pending: false,
         committing: false,
-        save_failed: false,
+        save_error: None,
+        watch_problem: problems.borrow().clone(),
         push_state: None,
     };
-    book.status.head = head_of(&reader).map(|h| h.to_string());
-    let mut retry: Option<(Changes, Instant, Duration)> = None;
-    match first {
-        Ok(first) => {
-            book.status.skipped_files = first.skipped;
-            if let Some(c) = &first.committed {
-                log_commit(c);
-                book.status.last_commit_at = Some(status::timestamp(SystemTime::now()));
-            }
+    let mut retry = SaveRetry::default();
+    // A batch that failed, and when it is tried again.
+    let mut failed: Option<(Changes, Instant)> = None;
+    // When the index file is written, once the watcher has been quiet.
+    let mut write_index_at: Option<Instant> = None;
+    // A failed first pass (a stale lock, a full disk, a read-only `.git`) is retried like any
+    // other save: exiting would only make the supervisor restart us into the same fault.
+    let first = saver.save(Changes::everything()).await;
+    match book.record_save(first, &reader, pusher.as_ref()) {
+        SaveOutcome::Done { index_unwritten } => {
+            write_index_at = index_unwritten.then(|| Instant::now() + config.index_quiet);
         }
-        Err(e) => {
-            tracing::error!(retry_in = ?FIRST_RETRY, "saving failed, trying again: {e}");
-            book.save_failed = true;
-            book.status.last_error = Some(format!("saving failed: {e}"));
-            retry = Some((
-                Changes::everything(),
-                Instant::now() + FIRST_RETRY,
-                FIRST_RETRY,
-            ));
+        SaveOutcome::Failed(e) => {
+            let wait = retry.next_delay();
+            tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
+            failed = Some((Changes::everything(), Instant::now() + wait));
         }
+        SaveOutcome::Gone(e) => return Err(e),
     }
     if let Some(p) = &pusher {
         p.heads.send_replace(head_of(&reader));
@@ -551,14 +440,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         debounced_tx,
     ));
 
+    let mut pusher = pusher;
     tokio::pin!(shutdown);
     let mut gone = None;
     loop {
-        let retry_at = retry.as_ref().map(|r| r.1);
+        let retry_at = failed.as_ref().map(|f| f.1);
         let mut changes = tokio::select! {
             () = &mut shutdown => break,
             msg = debounced.recv() => match msg {
                 Some(Debounced::Pending) => {
+                    // A save is coming: the index is written after it.
+                    write_index_at = None;
                     book.pending = true;
                     book.write();
                     continue;
@@ -572,8 +464,23 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 continue;
             }
             Ok(()) = problems.changed() => {
-                book.status.last_error = problems.borrow().clone();
+                book.watch_problem = problems.borrow().clone();
                 book.write();
+                continue;
+            }
+            () = sleep_until(write_index_at), if write_index_at.is_some() => {
+                write_index_at = None;
+                match saver.write_index().await {
+                    Ok(_) => {}
+                    Err(e @ SaveError::Gone { .. }) => {
+                        gone = Some(e.into());
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!("cannot write the git index yet, trying again: {e}");
+                        write_index_at = Some(Instant::now() + config.index_quiet);
+                    }
+                }
                 continue;
             }
             () = sleep_until(retry_at), if retry_at.is_some() => Changes::default(),
@@ -584,33 +491,27 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             gone = Some(project_gone(&git_dir));
             break;
         }
-        let mut wait = FIRST_RETRY;
-        if let Some((earlier, _, last_wait)) = retry.take() {
+        if let Some((earlier, _)) = failed.take() {
             changes.merge(earlier);
-            wait = (last_wait * 2).min(MAX_RETRY);
         }
         book.committing = true;
         book.write();
         let result = saver.save(changes.clone()).await;
-        book.committing = false;
-        book.pending = false;
-        match result {
-            Ok(saved) => {
-                book.save_failed = false;
-                book.status.skipped_files = saved.skipped;
-                record_commit(&mut book, &reader, saved.committed, pusher.as_ref());
+        match book.record_save(result, &reader, pusher.as_ref()) {
+            SaveOutcome::Done { index_unwritten } => {
+                retry.reset();
+                write_index_at = index_unwritten.then(|| Instant::now() + config.index_quiet);
             }
-            Err(e @ DaemonError::Gone { .. }) => {
-                gone = Some(e);
-                break;
-            }
-            Err(e) => {
+            SaveOutcome::Failed(e) => {
+                let wait = retry.next_delay();
                 tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
-                book.save_failed = true;
-                book.status.last_error = Some(format!("saving failed: {e}"));
                 // A full pass on retry also repairs whatever state made this one fail.
                 changes.merge(Changes::everything());
-                retry = Some((changes, Instant::now() + wait, wait));
+                failed = Some((changes, Instant::now() + wait));
+            }
+            SaveOutcome::Gone(e) => {
+                gone = Some(e);
+                break;
             }
         }
         book.write();
@@ -627,16 +528,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     tracing::info!("stopping: saving what is pending");
     let result = saver.save(Changes::everything()).await;
-    book.committing = false;
-    book.pending = false;
-    let outcome = match result {
-        Ok(saved) => {
-            book.save_failed = false;
-            book.status.skipped_files = saved.skipped;
-            record_commit(&mut book, &reader, saved.committed, pusher.as_ref());
-            Ok(())
-        }
-        Err(e) => Err(e),
+    let outcome = match book.record_save(result, &reader, pusher.as_ref()) {
+        SaveOutcome::Done { .. } => write_index_now(&saver).await,
+        SaveOutcome::Failed(e) => Err(e.into()),
+        SaveOutcome::Gone(e) => Err(e),
     };
     if let Some(mut p) = pusher {
         p.handle.shutdown(config.shutdown_timeout).await;
@@ -650,6 +545,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     book.write();
     outcome
+}
+
+/// Writes the index file now (at stop, and after `once`): a failure is a warning, the saves
+/// are in the object store and the branch, and the next start corrects the index.
+async fn write_index_now(saver: &SaveWorker) -> Result<(), DaemonError> {
+    match saver.write_index().await {
+        Ok(_) => Ok(()),
+        Err(e @ SaveError::Gone { .. }) => Err(e.into()),
+        Err(e) => {
+            tracing::warn!("cannot write the git index; the next start corrects it: {e}");
+            Ok(())
+        }
+    }
 }
 
 /// Which directory the watcher started in (device and inode), to notice the project being
@@ -684,41 +592,6 @@ fn log_commit(c: &Committed) {
     tracing::info!(commit = %c.id, files = c.files_changed, "saved");
 }
 
-fn record_commit(
-    book: &mut StatusBook,
-    reader: &Repository,
-    committed: Option<Committed>,
-    pusher: Option<&Pusher>,
-) {
-    if book
-        .status
-        .last_error
-        .as_deref()
-        .is_some_and(|e| e.starts_with("saving failed"))
-    {
-        book.status.last_error = None;
-    }
-    let Some(c) = committed else {
-        // A `restore --at` moved HEAD under the repo lock; its commit goes out like our own.
-        let head = head_of(reader);
-        if let Some(p) = pusher
-            && head.is_some()
-            && p.heads
-                .send_if_modified(|h| std::mem::replace(h, head) != head)
-        {
-            book.status.head = head.map(|h| h.to_string());
-        }
-        return;
-    };
-    log_commit(&c);
-    book.status.head = Some(c.id.to_string());
-    book.status.last_commit_at = Some(status::timestamp(SystemTime::now()));
-    book.status.unpushed_commits += 1;
-    if let Some(p) = pusher {
-        p.heads.send_replace(head_of(reader).or(Some(c.id)));
-    }
-}
-
 async fn recv_push(pusher: &mut Option<Pusher>) -> Option<PushEvent> {
     match pusher {
         Some(p) => p.events.recv().await,
@@ -747,7 +620,7 @@ pub async fn once(config: Config) -> Result<(), DaemonError> {
         crate::scan::kept_dirs(&workdir, Path::new(""), &mut filter, &mut warnings, |_| {});
         watch_stage::report_rule_warnings(&warnings);
     }
-    let saver = Saver::spawn(
+    let saver = SaveWorker::spawn(
         &workdir,
         &git_dir,
         filter,
@@ -759,6 +632,7 @@ pub async fn once(config: Config) -> Result<(), DaemonError> {
         Some(c) => log_commit(&c),
         None => tracing::info!("nothing to save"),
     }
+    write_index_now(&saver).await?;
     let Some(mut pusher) = start_push(&config, &reader, &workdir) else {
         return Ok(());
     };

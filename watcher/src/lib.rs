@@ -19,6 +19,7 @@ pub mod remote;
 pub mod restore;
 pub mod restore_at;
 pub mod retry;
+pub mod save;
 pub mod scan;
 mod smart_http;
 pub mod sparse;

@@ -1,5 +1,6 @@
-//! The push retry policy: what kind of failure a push met, and how long to wait before the
-//! next attempt (capped exponential backoff with jitter; a long one for refused credentials).
+//! The retry policy: what kind of failure a push met, and how long to wait before the next
+//! attempt (capped exponential backoff with jitter; a long one for refused credentials); a
+//! failed save (disk full, a held lock) waits on the same backoff over [`SAVE`].
 //!
 //! Pure: no clock and no randomness of its own, so every case is a table row.
 
@@ -41,6 +42,11 @@ pub const SLOW: Series = Series {
     first: Duration::from_secs(30),
     cap: Duration::from_secs(10 * 60),
 };
+/// A save that could not write the repository: soon, and never slower than once a minute.
+pub const SAVE: Series = Series {
+    first: Duration::from_secs(1),
+    cap: Duration::from_secs(60),
+};
 pub const AUTH: Series = Series {
     first: Duration::from_secs(5 * 60),
     cap: Duration::from_secs(60 * 60),
@@ -68,7 +74,11 @@ impl Backoff {
     /// `jitter` in `[0, 1]` picks a point in the upper half of the step ("equal jitter"):
     /// watchers that failed together spread out, yet never retry sooner than half the step.
     pub fn next_delay(&mut self, kind: FailureKind, jitter: f64) -> Duration {
-        let series = kind.series();
+        self.next_delay_in(kind.series(), jitter)
+    }
+
+    /// [`Backoff::next_delay`] over a series of its own.
+    pub fn next_delay_in(&mut self, series: Series, jitter: f64) -> Duration {
         let step = series
             .first
             .saturating_mul(1u32 << self.failures.min(20))
@@ -158,6 +168,17 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_failed_save_waits_one_second_first_and_a_minute_at_most() {
+        let mut backoff = Backoff::default();
+        let got: Vec<u64> = (0..8)
+            .map(|_| backoff.next_delay_in(SAVE, 1.0).as_secs())
+            .collect();
+        assert_eq!(got, [1, 2, 4, 8, 16, 32, 60, 60]);
+        backoff.reset();
+        assert_eq!(backoff.next_delay_in(SAVE, 0.0), Duration::from_millis(500));
     }
 
     #[test]

@@ -7,19 +7,27 @@
 //! tracked paths below it is walked even when it holds a repository of its own. Untracked
 //! paths pass the filter (`Index::add_path` knows nothing of `.gitignore`). Paths that changed
 //! cost one `lstat` and one hash each; only subtrees (start-up, rescans, new directories, rule
-//! edits) are walked. The `Index` is kept between batches and re-read only when someone else
-//! (a `git` command, `restore`, `sync`) wrote it.
+//! edits) are walked.
+//!
+//! The `Index` lives in memory between batches and is the stat cache; the new tree is the
+//! previous one plus the paths this batch touched (`TreeUpdateBuilder`: only the trees on those
+//! paths are read and written). The index file is written off the critical path
+//! ([`Stager::write_index`]: when the watcher is quiet, and at stop). Whenever the file is not
+//! what the watcher last read or wrote (a `git` command, `restore`, `sync`, a kill before the
+//! write), it is read again and wins: the paths the watcher changed in memory but never wrote
+//! are staged again on top of it, as `git add -A` on those paths would.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, Metadata};
-use std::io;
+use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use git2::{Index, IndexEntry, IndexEntryExtendedFlag, IndexEntryFlag, Oid, Repository};
+use git2::build::TreeUpdateBuilder;
+use git2::{FileMode, Index, IndexEntry, IndexEntryExtendedFlag, IndexEntryFlag, Oid, Repository};
 use tokio::sync::Notify;
 
 use crate::changes::Changes;
@@ -52,9 +60,18 @@ pub struct Stager {
     filter: Arc<RwLock<Filter>>,
     max_file_size: u64,
     skipped: Skipped,
-    dirty: bool,
+    /// The index file as the watcher last read or wrote it; anything else there is someone
+    /// else's write, which is read again.
+    on_disk: Option<FileStamp>,
     /// When the index file was last written (seconds, nanoseconds), for git's racy check.
     index_written: Option<(i64, i64)>,
+    /// The tree the in-memory index described at the last save, when known: the in-memory
+    /// index is always this tree plus `touched`.
+    tree: Option<Oid>,
+    /// Paths whose index entry changed since `tree` was made.
+    touched: BTreeSet<PathBuf>,
+    /// Paths whose index entry changed since the index file was last written by the watcher.
+    unwritten: BTreeSet<PathBuf>,
     /// The first readable file of this batch that could not be stored.
     store_failure: Option<(PathBuf, git2::Error)>,
     /// Tracked ignored paths found by this batch, by the scope they replace in the filter.
@@ -75,6 +92,8 @@ impl Stager {
         tracked_ignored_changed: Arc<Notify>,
         max_file_size: u64,
     ) -> Result<Self, StageError> {
+        let on_disk = repo.path().join("index");
+        let on_disk = FileStamp::of(&on_disk);
         let index = match repo.index() {
             Ok(index) => Ok(index),
             Err(e) if sparse::expand(workdir) => repo.index().map_err(|_| e),
@@ -90,9 +109,12 @@ impl Stager {
             filter,
             max_file_size,
             skipped: Skipped::new(),
-            dirty: false,
+            index_written: on_disk.as_ref().map(|s| s.mtime),
+            on_disk,
+            tree: None,
+            touched: BTreeSet::new(),
+            unwritten: BTreeSet::new(),
             store_failure: None,
-            index_written: None,
             tracked_ignored: Vec::new(),
             tracked_ignored_changed,
             attrs: Repository::open(workdir).ok(),
@@ -105,27 +127,11 @@ impl Stager {
         &self.skipped
     }
 
-    /// Applies `changes` to the index, writes it, and returns the tree it describes.
-    /// Call it with the repo lock held.
-    pub fn stage(&mut self, changes: &Changes) -> Result<Oid, StageError> {
-        let err = |source| StageError::Index {
-            dir: self.workdir.clone(),
-            source,
-        };
-        if let Err(e) = self.index.read(false) {
-            // A sparse index (`sdir`) is something libgit2 cannot read: have git write the
-            // same index in full, then read again.
-            if !sparse::expand(&self.workdir) {
-                return Err(err(e));
-            }
-            self.index.read(true).map_err(err)?;
-        }
+    /// Applies `changes` to the in-memory index and returns the tree it describes. The index
+    /// file is not written ([`Stager::write_index`] does). Call it with the repo lock held.
+    pub fn stage(&mut self, repo: &Repository, changes: &Changes) -> Result<Oid, StageError> {
+        let again = self.read_if_written_elsewhere()?;
         self.drivers = self.filter_drivers();
-        self.index_written = self
-            .index
-            .path()
-            .and_then(|p| fs::metadata(p).ok())
-            .map(|m| (m.mtime(), m.mtime_nsec()));
         let shared = Arc::clone(&self.filter);
         {
             let filter = shared.read().unwrap_or_else(|e| e.into_inner());
@@ -133,7 +139,7 @@ impl Stager {
             for dir in subtrees {
                 self.stage_subtree(dir, &filter);
             }
-            for path in paths {
+            for path in paths.into_iter().chain(again.iter().map(PathBuf::as_path)) {
                 self.stage_path(path, &filter);
             }
         }
@@ -154,17 +160,109 @@ impl Stager {
                 source,
             });
         }
-        if self.dirty {
-            self.index.write().map_err(|source| StageError::Index {
-                dir: self.workdir.clone(),
-                source,
-            })?;
-            self.dirty = false;
-        }
-        self.index.write_tree().map_err(|source| StageError::Index {
+        let tree = self.build_tree(repo).map_err(|source| StageError::Index {
             dir: self.workdir.clone(),
             source,
-        })
+        })?;
+        self.tree = Some(tree);
+        self.touched.clear();
+        Ok(tree)
+    }
+
+    /// Whether the in-memory index holds changes the index file does not.
+    pub fn has_unwritten(&self) -> bool {
+        !self.unwritten.is_empty()
+    }
+
+    /// Writes the in-memory index to `.git/index` when it holds changes the file does not.
+    /// When someone else wrote the file since the watcher last read it, theirs is read first
+    /// and the watcher's unwritten paths are staged again on top. Call it with the repo lock
+    /// held. Returns whether it wrote.
+    pub fn write_index(&mut self, repo: &Repository) -> Result<bool, StageError> {
+        if self.unwritten.is_empty() {
+            return Ok(false);
+        }
+        if self.written_elsewhere() {
+            self.stage(repo, &Changes::default())?;
+        }
+        let err = |source| StageError::Index {
+            dir: self.workdir.clone(),
+            source,
+        };
+        self.index.write().map_err(err)?;
+        self.on_disk = self.index.path().and_then(FileStamp::of);
+        self.index_written = self.on_disk.as_ref().map(|s| s.mtime);
+        self.unwritten.clear();
+        Ok(true)
+    }
+
+    /// The index file is not what the watcher last read or wrote.
+    fn written_elsewhere(&self) -> bool {
+        self.index.path().and_then(FileStamp::of) != self.on_disk
+    }
+
+    /// Reads the index file again when someone else wrote it (their index wins) and returns
+    /// the paths the watcher had changed in memory and never written, to be staged again.
+    fn read_if_written_elsewhere(&mut self) -> Result<Vec<PathBuf>, StageError> {
+        let err = |source| StageError::Index {
+            dir: self.workdir.clone(),
+            source,
+        };
+        let path = self.index.path().map(Path::to_owned);
+        let stamp = path.as_deref().and_then(FileStamp::of);
+        if stamp != self.on_disk {
+            // Stamped before reading: a write racing the read shows as a change next time.
+            if let Err(e) = self.index.read(true) {
+                // A sparse index (`sdir`) is something libgit2 cannot read: have git write
+                // the same index in full, then read again.
+                if !sparse::expand(&self.workdir) {
+                    return Err(err(e));
+                }
+                self.on_disk = path.as_deref().and_then(FileStamp::of);
+                self.index.read(true).map_err(err)?;
+            } else {
+                self.on_disk = stamp;
+            }
+            self.index_written = self.on_disk.as_ref().map(|s| s.mtime);
+            self.tree = None;
+            self.touched.clear();
+            return Ok(std::mem::take(&mut self.unwritten).into_iter().collect());
+        }
+        Ok(Vec::new())
+    }
+
+    /// The tree of the in-memory index: the last save's tree with the touched paths updated
+    /// (only the trees on those paths are read and written), or, when that tree is unknown
+    /// (the index was just read) or the update cannot be made that way (a file became a
+    /// directory, conflicts), libgit2's full `write_tree`.
+    fn build_tree(&mut self, repo: &Repository) -> Result<Oid, git2::Error> {
+        if let Some(base) = self.tree
+            && !self.index.has_conflicts()
+            && let Ok(base) = repo.find_tree(base)
+        {
+            let mut update = TreeUpdateBuilder::new();
+            for path in &self.touched {
+                match self.index.get_path(path, 0) {
+                    Some(entry) => {
+                        update.upsert(path.as_os_str().as_bytes(), entry.id, file_mode(entry.mode));
+                    }
+                    None if base.get_path(path).is_ok() => {
+                        update.remove(path.as_os_str().as_bytes());
+                    }
+                    None => {}
+                }
+            }
+            if let Ok(tree) = update.create_updated(repo, &base) {
+                return Ok(tree);
+            }
+        }
+        self.index.write_tree()
+    }
+
+    /// Records that the index entry of `rel` changed.
+    fn touch(&mut self, rel: &Path) {
+        self.touched.insert(rel.to_owned());
+        self.unwritten.insert(rel.to_owned());
     }
 
     fn stage_path(&mut self, rel: &Path, filter: &Filter) {
@@ -429,10 +527,10 @@ impl Stager {
         self.clear_the_way(rel);
         match self.index.add_path(rel) {
             Ok(()) if self.needs_git(rel) => {
-                self.dirty = true;
+                self.touch(rel);
                 self.hash_with_git(rel);
             }
-            Ok(()) => self.dirty = true,
+            Ok(()) => self.touch(rel),
             // A readable file the file system refused to store: the whole batch waits for it.
             Err(e) if is_store_failure(&e, &self.workdir.join(rel), meta) => {
                 self.store_failure.get_or_insert((rel.to_owned(), e));
@@ -529,7 +627,7 @@ impl Stager {
     fn add_nested_repo(&mut self, rel: &Path) {
         self.clear_the_way(rel);
         match self.index.add_path(rel) {
-            Ok(()) => self.dirty = true,
+            Ok(()) => self.touch(rel),
             Err(e) => tracing::warn!(
                 path = %rel.display(),
                 "nested git repository is not saved (it needs a commit checked out): {}",
@@ -545,7 +643,7 @@ impl Stager {
             return;
         }
         match self.index.add_path(rel) {
-            Ok(()) => self.dirty = true,
+            Ok(()) => self.touch(rel),
             Err(e) => tracing::warn!(
                 path = %rel.display(),
                 "submodule has no commit checked out, its saved commit is kept: {}",
@@ -565,15 +663,18 @@ impl Stager {
     /// A file where a directory was (or the other way round) must not leave the old entries
     /// behind: an index with both `a` and `a/b` cannot be written as a tree.
     fn clear_the_way(&mut self, rel: &Path) {
-        if self.index.remove_dir(rel, 0).is_ok() {
-            self.dirty = true;
+        let below = self.entries_under(rel);
+        if !below.is_empty() && self.index.remove_dir(rel, 0).is_ok() {
+            for path in &below {
+                self.touch(path);
+            }
         }
         for ancestor in rel.ancestors().skip(1) {
             if ancestor.as_os_str().is_empty() {
                 break;
             }
             if self.index_has(ancestor) && self.index.remove_path(ancestor).is_ok() {
-                self.dirty = true;
+                self.touch(ancestor);
             }
         }
     }
@@ -590,12 +691,12 @@ impl Stager {
         let Some(entry) = self.index.get_path(rel, 0) else {
             let conflicted = self.index.has_conflicts() && self.index.conflict_get(rel).is_ok();
             if conflicted && self.index.remove_path(rel).is_ok() {
-                self.dirty = true;
+                self.touch(rel);
             }
             return;
         };
         if !is_frozen(&entry) && self.index.remove_path(rel).is_ok() {
-            self.dirty = true;
+            self.touch(rel);
         }
     }
 
@@ -662,4 +763,44 @@ fn stat_matches(entry: &IndexEntry, meta: &Metadata) -> bool {
         && entry.mtime.nanoseconds() == meta.mtime_nsec() as u32
         && entry.ctime.seconds() == meta.ctime() as i32
         && entry.ctime.nanoseconds() == meta.ctime_nsec() as u32
+}
+
+/// What identifies one version of the index file: git replaces it by rename (a new inode),
+/// and its last 20 bytes are the checksum of its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    checksum: [u8; 20],
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<Self> {
+        let mut file = fs::File::open(path).ok()?;
+        let meta = file.metadata().ok()?;
+        let mut checksum = [0; 20];
+        if meta.len() >= 20 {
+            file.seek(SeekFrom::End(-20)).ok()?;
+            file.read_exact(&mut checksum).ok()?;
+        }
+        Some(Self {
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            checksum,
+        })
+    }
+}
+
+/// The tree entry mode of an index entry's mode.
+fn file_mode(mode: u32) -> FileMode {
+    match mode {
+        0o100755 => FileMode::BlobExecutable,
+        0o120000 => FileMode::Link,
+        GITLINK_MODE => FileMode::Commit,
+        _ => FileMode::Blob,
+    }
 }

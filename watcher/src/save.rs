@@ -1,0 +1,288 @@
+//! The save stage: a batch of changes staged into the in-memory index, its tree, the commit;
+//! and the index file written when the daemon says the watcher is quiet. It runs on a thread
+//! of its own (libgit2's index cannot move between threads) and takes jobs through a channel.
+//!
+//! What is on disk when: a save writes the new blobs, the trees on the changed paths and the
+//! commit into the object store, then moves the branch; only then is the save reported. The
+//! index file is written later ([`SaveWorker::write_index`]), so a kill in between leaves an
+//! index older than `HEAD`, which the next start reads and corrects (its full pass re-hashes
+//! every file whose stat data the old index does not match).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use git2::Repository;
+use tokio::sync::{Notify, oneshot};
+
+use crate::changes::Changes;
+use crate::commit::{self, Committed};
+use crate::filter::Filter;
+use crate::lock::{self, LockError, RepoLock};
+use crate::manifest;
+use crate::retry::{self, Backoff};
+use crate::stage::{StageError, Stager};
+use crate::status::SkippedFile;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// The repository is being deleted under the watcher: nothing may be written there.
+    #[error(
+        "the project's repository {git_dir} is gone (the project directory was deleted?); stopping without writing anything there"
+    )]
+    Gone { git_dir: PathBuf },
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error("git failed in {dir}: {source}")]
+    Git { dir: PathBuf, source: git2::Error },
+    #[error("cannot write {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("the save thread cannot run: {0}")]
+    Thread(io::Error),
+}
+
+/// What one save did.
+pub struct Saved {
+    pub committed: Option<Committed>,
+    pub skipped: Vec<SkippedFile>,
+    /// The in-memory index holds changes the index file does not yet.
+    pub index_unwritten: bool,
+}
+
+/// Whether the repository is being deleted under us: a part git needs to call it one (`HEAD`,
+/// `objects/`, `refs/`) or the watcher's own folder (made at start, never removed by the
+/// watcher, `restore` or `sync`) has gone. Writing anything then would recreate folders inside
+/// a tree `rm -rf` is deleting, and make it fail.
+pub fn repository_gone(git_dir: &Path) -> bool {
+    !git_dir.join("HEAD").exists()
+        || !git_dir.join("config").exists()
+        || !git_dir.join("objects").is_dir()
+        || !git_dir.join("refs").is_dir()
+        || !lock::state_dir(git_dir).is_dir()
+}
+
+/// The blocking half: stage and commit under the repo lock. It owns the `Repository` and the
+/// `Index` between batches.
+struct Saver {
+    repo: Repository,
+    stager: Stager,
+    git_dir: PathBuf,
+    workdir: PathBuf,
+}
+
+enum Job {
+    Save(Changes, oneshot::Sender<Result<Saved, SaveError>>),
+    WriteIndex(oneshot::Sender<Result<bool, SaveError>>),
+}
+
+impl Saver {
+    /// One save; a failure caused by the repository vanishing mid-save is [`SaveError::Gone`].
+    fn save(&mut self, changes: &Changes) -> Result<Option<Committed>, SaveError> {
+        self.guarded(|saver| saver.save_in_repository(changes))
+    }
+
+    /// Writes the index file when it is behind the in-memory index.
+    fn write_index(&mut self) -> Result<bool, SaveError> {
+        if !self.stager.has_unwritten() {
+            return Ok(false);
+        }
+        self.guarded(|saver| {
+            let _lock = RepoLock::acquire(&saver.git_dir)?;
+            let _marker = saver.marker()?;
+            Ok(saver.stager.write_index(&saver.repo)?)
+        })
+    }
+
+    /// Runs `work` unless the repository is gone, and calls a failure that came from it going
+    /// away mid-work [`SaveError::Gone`].
+    fn guarded<T>(
+        &mut self,
+        work: impl FnOnce(&mut Self) -> Result<T, SaveError>,
+    ) -> Result<T, SaveError> {
+        let gone = |git_dir: &Path| SaveError::Gone {
+            git_dir: git_dir.to_owned(),
+        };
+        if repository_gone(&self.git_dir) {
+            return Err(gone(&self.git_dir));
+        }
+        match work(self) {
+            Err(_) if repository_gone(&self.git_dir) => Err(gone(&self.git_dir)),
+            result => result,
+        }
+    }
+
+    /// The `saving` work marker: a watcher killed while it exists left git lock files behind.
+    fn marker(&self) -> Result<lock::WorkMarker, SaveError> {
+        lock::WorkMarker::begin(&self.git_dir, lock::WorkMarker::SAVING).map_err(|source| {
+            SaveError::Io {
+                path: lock::state_dir(&self.git_dir),
+                source,
+            }
+        })
+    }
+
+    fn save_in_repository(&mut self, changes: &Changes) -> Result<Option<Committed>, SaveError> {
+        let _lock = RepoLock::acquire(&self.git_dir)?;
+        self.remove_stale_locks();
+        let _marker = self.marker()?;
+        let mut changes = changes.clone();
+        if changes.env_changed {
+            match manifest::sync(&self.workdir) {
+                Ok(true) => {
+                    changes.paths.insert(PathBuf::from(manifest::MANIFEST_FILE));
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE),
+            }
+        }
+        let tree = self.stager.stage(&self.repo, &changes)?;
+        commit::commit_tree(&self.repo, tree).map_err(|source| SaveError::Git {
+            dir: self.workdir.clone(),
+            source,
+        })
+    }
+
+    /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's) that no process
+    /// holds: removed once 60 s old, or at once when a watcher died inside a save.
+    fn remove_stale_locks(&self) {
+        let branch = self
+            .repo
+            .find_reference("HEAD")
+            .ok()
+            .and_then(|head| head.symbolic_target().ok().flatten().map(str::to_owned));
+        let paths = ["index", "HEAD"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(branch)
+            .map(|name| self.git_dir.join(format!("{name}.lock")));
+        let died = lock::WorkMarker::left_behind(&self.git_dir, lock::WorkMarker::SAVING);
+        lock::clear_stale_locks(paths, died);
+    }
+
+    fn skipped(&self) -> Vec<SkippedFile> {
+        self.stager
+            .skipped()
+            .iter()
+            .map(|(path, size)| SkippedFile {
+                path: path.to_string_lossy().into_owned(),
+                size: *size,
+                reason: "larger than --max-file-size".to_owned(),
+            })
+            .collect()
+    }
+
+    fn run(mut self, jobs: std::sync::mpsc::Receiver<Job>) {
+        for job in jobs {
+            match job {
+                Job::Save(changes, reply) => {
+                    let result = self.save(&changes).map(|committed| Saved {
+                        committed,
+                        skipped: self.skipped(),
+                        index_unwritten: self.stager.has_unwritten(),
+                    });
+                    let _ = reply.send(result);
+                }
+                Job::WriteIndex(reply) => {
+                    let _ = reply.send(self.write_index());
+                }
+            }
+        }
+    }
+}
+
+/// The async handle of the save thread; the thread ends when this is dropped.
+pub struct SaveWorker {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+impl SaveWorker {
+    /// Starts the save thread on the repository at `workdir`.
+    pub fn spawn(
+        workdir: &Path,
+        git_dir: &Path,
+        filter: Arc<RwLock<Filter>>,
+        tracked_ignored_changed: Arc<Notify>,
+        max_file_size: u64,
+    ) -> Result<Self, SaveError> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (workdir, git_dir) = (workdir.to_owned(), git_dir.to_owned());
+        std::thread::Builder::new()
+            .name("project-watcher save".to_owned())
+            .spawn(move || {
+                let opened = Repository::open(&workdir)
+                    .map_err(|source| SaveError::Git {
+                        dir: workdir.clone(),
+                        source,
+                    })
+                    .and_then(|repo| {
+                        let stager = Stager::new(
+                            &repo,
+                            &workdir,
+                            filter,
+                            tracked_ignored_changed,
+                            max_file_size,
+                        )?;
+                        Ok(Saver {
+                            repo,
+                            stager,
+                            git_dir,
+                            workdir,
+                        })
+                    });
+                match opened {
+                    Ok(saver) => {
+                        let _ = ready_tx.send(Ok(()));
+                        saver.run(rx);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(SaveError::Thread)?;
+        ready_rx.recv().map_err(|_| died())??;
+        Ok(Self { jobs })
+    }
+
+    /// Stages `changes`, builds the tree and commits it when it differs from `HEAD`'s.
+    pub async fn save(&self, changes: Changes) -> Result<Saved, SaveError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Save(changes, reply))
+            .map_err(|_| died())?;
+        answer.await.map_err(|_| died())?
+    }
+
+    /// Writes the index file if the in-memory index is ahead of it; whether it wrote.
+    pub async fn write_index(&self) -> Result<bool, SaveError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs.send(Job::WriteIndex(reply)).map_err(|_| died())?;
+        answer.await.map_err(|_| died())?
+    }
+}
+
+fn died() -> SaveError {
+    SaveError::Thread(io::Error::other("the save thread died"))
+}
+
+/// When a failed save is tried again: `retry.rs`'s backoff over [`retry::SAVE`].
+#[derive(Debug, Default)]
+pub struct SaveRetry {
+    backoff: Backoff,
+}
+
+impl SaveRetry {
+    /// The wait before the next attempt after another failure.
+    pub fn next_delay(&mut self) -> Duration {
+        self.backoff
+            .next_delay_in(retry::SAVE, retry::random_jitter())
+    }
+
+    pub fn reset(&mut self) {
+        self.backoff.reset();
+    }
+}

@@ -1,0 +1,232 @@
+//! The index file is written off the critical path: a save commits from the in-memory index,
+//! and `.git/index` follows once the watcher is quiet. These tests hold that to real git:
+//! once idle, `git status` and `git diff --cached` are empty; a `kill -9` between a commit and
+//! the index write loses nothing and the next save is right; and a `git` command the user runs
+//! while the watcher's index is only in memory wins.
+
+mod common;
+mod support;
+
+use std::fs;
+use std::time::Duration;
+
+use common::{Daemon, Repo};
+use support::{PATIENCE, Project};
+use testkit::git::{command, git};
+use testkit::wait::until;
+
+/// `git` that never writes the index behind our back (`git status` refreshes it otherwise).
+fn git_read_only(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = command(dir)
+        .arg("--no-optional-locks")
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Paths whose staged version differs from `HEAD`'s: the index file is behind the commits.
+fn staged_against_head(dir: &std::path::Path) -> String {
+    git_read_only(dir, &["diff", "--cached", "--name-only", "HEAD"])
+}
+
+fn head_of(dir: &std::path::Path) -> String {
+    git(dir, ["rev-parse", "HEAD"]).trim().to_owned()
+}
+
+fn committed(project: &Project) {
+    git(&project.work, ["add", "-A"]);
+    git(&project.work, ["commit", "-qm", "start"]);
+}
+
+#[test]
+fn once_idle_git_status_and_git_diff_cached_are_empty() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project::local(tmp.path());
+    project.write(".gitignore", "*.log\n");
+    project.write("README.md", "hello\n");
+    project.write("src/a.ts", "a\n");
+    project.write("src/old.ts", "old\n");
+    committed(&project);
+    let watcher = project.start(&["--no-push"], &[]);
+
+    project.write("src/a.ts", "a, edited\n");
+    project.write("src/new/b.ts", "b\n");
+    project.write("debug.log", "ignored\n");
+    fs::remove_file(project.path("src/old.ts")).unwrap();
+    project.wait_committed(&[], PATIENCE);
+
+    until(PATIENCE, "the index file to catch up with HEAD", || {
+        let status = git_read_only(&project.work, &["status", "--porcelain"]);
+        let cached = staged_against_head(&project.work);
+        (status.is_empty() && cached.is_empty()).then_some(())
+    });
+    assert_eq!(
+        git_read_only(&project.work, &["diff", "--name-only"]),
+        "",
+        "the index's stat data matches the files"
+    );
+    let (exit, logs) = watcher.stop();
+    assert!(exit.success(), "{logs}");
+    assert_eq!(git_read_only(&project.work, &["status", "--porcelain"]), "");
+}
+
+#[test]
+fn kill_9_between_the_commit_and_the_index_write_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project::local(tmp.path());
+    project.write("src/a.ts", "a\n");
+    project.write("src/gone.ts", "gone\n");
+    project.write("src/kept.ts", "kept\n");
+    committed(&project);
+    let watcher = project.start(&["--no-push"], &[]);
+    let before = head_of(&project.work);
+
+    project.write("src/a.ts", "a, edited\n");
+    fs::remove_file(project.path("src/gone.ts")).unwrap();
+    until(PATIENCE, "the save's commit", || {
+        (head_of(&project.work) != before).then_some(())
+    });
+    watcher.freeze();
+    // The commit is in the object store and on the branch; the index file is still the old one.
+    assert_eq!(git(&project.work, ["show", "HEAD:src/a.ts"]), "a, edited\n");
+    assert!(
+        git(&project.work, ["ls-tree", "-r", "--name-only", "HEAD"])
+            .lines()
+            .all(|p| p != "src/gone.ts")
+    );
+    let stale = staged_against_head(&project.work);
+    assert!(
+        stale.contains("src/a.ts") && stale.contains("src/gone.ts"),
+        "the kill must come before the index write; the index already matched HEAD: {stale:?}"
+    );
+    watcher.kill9();
+    let commits = git(&project.work, ["rev-list", "--count", "HEAD"]);
+
+    project.write("src/c.ts", "c\n");
+    let watcher = project.start(&["--no-push"], &[]);
+    project.wait_committed(&[], PATIENCE);
+    // One commit, holding only the new file: the stale index neither reverted the edit nor
+    // brought the deleted file back.
+    let after: u64 = git(&project.work, ["rev-list", "--count", "HEAD"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(after, commits.trim().parse::<u64>().unwrap() + 1);
+    assert_eq!(
+        git(&project.work, ["diff", "--name-only", "HEAD~", "HEAD"]),
+        "src/c.ts\n"
+    );
+    assert_eq!(git(&project.work, ["show", "HEAD:src/a.ts"]), "a, edited\n");
+    until(PATIENCE, "the index to be corrected", || {
+        let status = git_read_only(&project.work, &["status", "--porcelain"]);
+        (status.is_empty() && staged_against_head(&project.work).is_empty()).then_some(())
+    });
+    project.assert_fsck_clean();
+    let (exit, logs) = watcher.stop();
+    assert!(exit.success(), "{logs}");
+}
+
+/// A repository with `b.txt` (tracked) and `c.log` (tracked although `*.log` is ignored), and a
+/// watcher whose index file waits `quiet` after each save.
+fn user_repo(quiet: Duration) -> (Repo, Daemon) {
+    let repo = Repo::new();
+    repo.write(".gitignore", "*.log\n");
+    repo.write("a.txt", "a\n");
+    repo.write("b.txt", "b\n");
+    repo.write("c.log", "c\n");
+    repo.git(&["add", "-A"]);
+    repo.git(&["add", "-f", "c.log"]);
+    repo.git(&["commit", "-qm", "start"]);
+    let mut config = repo.config();
+    config.index_quiet = quiet;
+    let daemon = Daemon::start(&repo, config);
+    repo.write("a.txt", "a, edited\n");
+    repo.wait_saved();
+    let stale = staged_against_head(&repo.dir);
+    assert!(
+        stale.lines().any(|p| p == "a.txt"),
+        "the watcher's change to a.txt is in HEAD and in its memory, not yet in the index file: {stale:?}"
+    );
+    // The user's git commands, each writing the index file.
+    repo.git(&["update-index", "--skip-worktree", "b.txt"]);
+    repo.write("forced.log", "forced\n");
+    repo.git(&["add", "-f", "forced.log"]);
+    repo.git(&["rm", "--cached", "-q", "c.log"]);
+    (repo, daemon)
+}
+
+/// What the user's commands leave, whoever writes the index next.
+fn assert_the_user_won(repo: &Repo) {
+    let flags = repo.git(&["ls-files", "-v", "b.txt"]);
+    assert!(flags.starts_with("S "), "skip-worktree kept: {flags:?}");
+    let tracked = repo.git(&["ls-files"]);
+    assert!(tracked.lines().any(|p| p == "forced.log"), "{tracked}");
+    assert!(!tracked.lines().any(|p| p == "c.log"), "{tracked}");
+    assert_eq!(repo.git(&["show", ":a.txt"]), "a, edited\n");
+}
+
+#[test]
+fn a_git_command_run_while_the_index_is_only_in_memory_wins_over_the_quiet_write() {
+    let (repo, daemon) = user_repo(Duration::from_secs(5));
+    until(PATIENCE, "the watcher's quiet index write", || {
+        (repo.git(&["show", ":a.txt"]) == "a, edited\n").then_some(())
+    });
+    assert_the_user_won(&repo);
+    repo.write("b.txt", "b, behind skip-worktree\n");
+    repo.write("d.txt", "d\n");
+    until(PATIENCE, "the next save", || {
+        repo.head_paths()
+            .contains(&"d.txt".to_owned())
+            .then_some(())
+    });
+    assert_eq!(repo.git(&["show", "HEAD:a.txt"]), "a, edited\n");
+    daemon.stop().expect("clean shutdown");
+    // No save ever took a.txt back to the index file's stale version.
+    assert_eq!(
+        repo.git(&["log", "--format=%h", "--", "a.txt"])
+            .lines()
+            .count(),
+        2
+    );
+    assert_the_user_won(&repo);
+    assert_eq!(repo.git(&["show", "HEAD:b.txt"]), "b\n");
+    assert_eq!(repo.git(&["show", "HEAD:a.txt"]), "a, edited\n");
+    let paths = repo.head_paths();
+    assert!(paths.contains(&"forced.log".to_owned()), "{paths:?}");
+    assert!(!paths.contains(&"c.log".to_owned()), "{paths:?}");
+    assert_eq!(staged_against_head(&repo.dir), "");
+}
+
+#[test]
+fn a_git_command_run_while_the_index_is_only_in_memory_wins_over_the_next_save() {
+    let (repo, daemon) = user_repo(Duration::from_secs(3600));
+    repo.write("b.txt", "b, behind skip-worktree\n");
+    repo.write("d.txt", "d\n");
+    until(PATIENCE, "the next save", || {
+        repo.head_paths()
+            .contains(&"d.txt".to_owned())
+            .then_some(())
+    });
+    assert_eq!(repo.git(&["show", "HEAD:a.txt"]), "a, edited\n");
+    daemon.stop().expect("clean shutdown");
+    // No save ever took a.txt back to the index file's stale version.
+    assert_eq!(
+        repo.git(&["log", "--format=%h", "--", "a.txt"])
+            .lines()
+            .count(),
+        2
+    );
+    assert_the_user_won(&repo);
+    assert_eq!(repo.git(&["show", "HEAD:b.txt"]), "b\n");
+    assert_eq!(repo.git(&["show", "HEAD:a.txt"]), "a, edited\n");
+    let paths = repo.head_paths();
+    assert!(paths.contains(&"forced.log".to_owned()), "{paths:?}");
+    assert!(!paths.contains(&"c.log".to_owned()), "{paths:?}");
+    assert_eq!(staged_against_head(&repo.dir), "");
+}
