@@ -251,6 +251,13 @@ impl StatusBook {
             self.push_state.unwrap_or(State::Idle)
         };
         self.status.last_error = self.save_error.clone().or(self.watch_problem.clone());
+        let was_low = self.status.disk_warning.is_some();
+        self.status.measure(&self.git_dir);
+        match &self.status.disk_warning {
+            Some(warning) if !was_low => tracing::warn!("{warning}"),
+            None if was_low => tracing::info!("the project's file system has room again"),
+            _ => {}
+        }
         if let Err(e) = status::write(&self.git_dir, &self.status) {
             tracing::warn!("cannot write the status file: {e}");
         }

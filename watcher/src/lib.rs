@@ -16,6 +16,7 @@ pub mod logging;
 pub mod manifest;
 pub mod push;
 pub mod remote;
+pub mod resources;
 pub mod restore;
 pub mod restore_at;
 pub mod retry;

@@ -393,7 +393,11 @@ fn status(args: StatusArgs) -> ExitCode {
         }
     };
     let running = project_watcher::lock::watcher_running(&git_dir);
-    let read = project_watcher::status::read(&git_dir);
+    let mut read = project_watcher::status::read(&git_dir);
+    if let (Ok(status), true) = (&mut read, running) {
+        // The figures of now, not of the watcher's last status write (it idles silently).
+        status.measure(&git_dir);
+    }
     if let Ok(status) = &read {
         let shown = if args.json {
             serde_json::to_string_pretty(status).map_err(|e| e.to_string())

@@ -10,6 +10,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use crate::lock::state_dir;
+use crate::resources::{self, human_bytes};
 
 /// The version every status file and commit trailer carries.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -63,6 +64,21 @@ pub struct Status {
     pub last_error: Option<String>,
     pub pid: u32,
     pub version: String,
+    /// The watcher's resident memory, in bytes (`VmRSS`).
+    #[serde(default)]
+    pub rss_bytes: Option<u64>,
+    /// The CPU time the watcher used so far (user + system), in milliseconds.
+    #[serde(default)]
+    pub cpu_ms: Option<u64>,
+    /// Free space on the project's file system, in bytes (what an unprivileged writer can use).
+    #[serde(default)]
+    pub disk_free_bytes: Option<u64>,
+    #[serde(default)]
+    pub disk_total_bytes: Option<u64>,
+    /// Set while the free space is below the threshold ([`crate::resources::min_free`]),
+    /// before the disk is full and saves fail.
+    #[serde(default)]
+    pub disk_warning: Option<String>,
 }
 
 impl Default for Status {
@@ -79,6 +95,27 @@ impl Default for Status {
             last_error: None,
             pid: std::process::id(),
             version: VERSION.to_owned(),
+            rss_bytes: None,
+            cpu_ms: None,
+            disk_free_bytes: None,
+            disk_total_bytes: None,
+            disk_warning: None,
+        }
+    }
+}
+
+impl Status {
+    /// Reads the memory and CPU time of the process `pid` and the free space of the file
+    /// system holding `dir` now, and sets or clears the disk warning.
+    pub fn measure(&mut self, dir: &Path) {
+        if let Some(usage) = resources::process(self.pid) {
+            self.rss_bytes = Some(usage.rss_bytes);
+            self.cpu_ms = Some(usage.cpu_ms);
+        }
+        if let Some(space) = resources::disk(dir) {
+            self.disk_free_bytes = Some(space.free);
+            self.disk_total_bytes = Some(space.total);
+            self.disk_warning = resources::disk_warning(space, resources::min_free(space.total));
         }
     }
 }
@@ -215,6 +252,26 @@ impl fmt::Display for Status {
         }
         if let Some(err) = &self.last_error {
             writeln!(f, "problem:          {err}")?;
+        }
+        if let (Some(rss), Some(cpu)) = (self.rss_bytes, self.cpu_ms) {
+            writeln!(
+                f,
+                "memory, CPU:      {} resident, {}.{:03} s CPU",
+                human_bytes(rss),
+                cpu / 1000,
+                cpu % 1000
+            )?;
+        }
+        if let (Some(free), Some(total)) = (self.disk_free_bytes, self.disk_total_bytes) {
+            writeln!(
+                f,
+                "disk:             {} free of {}",
+                human_bytes(free),
+                human_bytes(total)
+            )?;
+        }
+        if let Some(warning) = &self.disk_warning {
+            writeln!(f, "disk warning:     {warning}")?;
         }
         for s in &self.skipped_files {
             writeln!(

@@ -2,18 +2,31 @@
 //! JSON, and says clearly when there is none.
 
 use std::process::Command;
+use std::time::Duration;
 
 use testkit::git::{hermetic_env, init_repo};
 
 const BIN: &str = env!("CARGO_BIN_EXE_project-watcher");
 
 fn status(dir: &std::path::Path, home: &std::path::Path, json: bool) -> std::process::Output {
+    status_with(dir, home, json, &[])
+}
+
+fn status_with(
+    dir: &std::path::Path,
+    home: &std::path::Path,
+    json: bool,
+    envs: &[(&str, &str)],
+) -> std::process::Output {
     let mut cmd = Command::new(BIN);
     cmd.arg("status").arg("--dir").arg(dir);
     if json {
         cmd.arg("--json");
     }
     for (k, v) in hermetic_env(home) {
+        cmd.env(k, v);
+    }
+    for (k, v) in envs {
         cmd.env(k, v);
     }
     cmd.output().unwrap()
@@ -45,7 +58,21 @@ fn status_reads_the_file_under_dot_git_and_prints_both_forms() {
         String::from_utf8_lossy(&out.stderr)
     );
     let read: project_watcher::status::Status = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(read, written);
+    // The running watcher's figures are read when asked (here the pid is this test's).
+    assert!(read.rss_bytes.is_some_and(|b| b > 0), "{read:?}");
+    assert!(
+        read.cpu_ms.is_some() && read.disk_free_bytes.is_some(),
+        "{read:?}"
+    );
+    let live = project_watcher::status::Status {
+        rss_bytes: None,
+        cpu_ms: None,
+        disk_free_bytes: None,
+        disk_total_bytes: None,
+        disk_warning: None,
+        ..read
+    };
+    assert_eq!(live, written);
 
     let out = status(&repo, tmp.path(), false);
     assert!(out.status.success());
@@ -104,4 +131,89 @@ fn a_stopped_watcher_s_last_status_is_shown_as_stopped_with_exit_3() {
     assert_eq!(out.status.code(), Some(3));
     let read: project_watcher::status::Status = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(read, left);
+}
+
+#[test]
+fn status_shows_the_watchers_memory_cpu_and_free_disk_and_warns_before_it_is_full() {
+    use project_watcher::resources::MIN_FREE_DISK_ENV;
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("p");
+    init_repo(&repo);
+    let log = tmp.path().join("watcher.log");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["watch", "--no-push", "--log-format", "json", "--dir"])
+        .arg(&repo)
+        .env(MIN_FREE_DISK_ENV, "1048576GiB")
+        .stderr(std::fs::File::create(&log).unwrap());
+    for (k, v) in hermetic_env(tmp.path()) {
+        cmd.env(k, v);
+    }
+    let mut watcher = cmd.spawn().unwrap();
+    let pid = watcher.id();
+    let written = testkit::wait::until(Duration::from_secs(60), "the watcher's status", || {
+        project_watcher::status::read(&repo.join(".git"))
+            .ok()
+            .filter(|s| s.pid == pid)
+    });
+    // The status file the watcher wrote: its own figures, and the warning (1 PiB is more than
+    // any disk here has free).
+    assert!(
+        written.rss_bytes.is_some_and(|b| b > 1024 * 1024),
+        "{written:?}"
+    );
+    assert!(written.cpu_ms.is_some(), "{written:?}");
+    let (free, total) = (
+        written.disk_free_bytes.unwrap(),
+        written.disk_total_bytes.unwrap(),
+    );
+    assert!(free > 0 && free <= total, "{written:?}");
+    let warning = written.disk_warning.clone().unwrap();
+    assert!(
+        warning.contains("nearly full") && warning.contains("warning below 1.0 PiB"),
+        "{warning}"
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged
+            .lines()
+            .any(|l| l.contains("\"WARN\"") && l.contains("nearly full")),
+        "{logged}"
+    );
+
+    // `status` reads the figures of now, with the same threshold.
+    let out = status_with(
+        &repo,
+        tmp.path(),
+        true,
+        &[(MIN_FREE_DISK_ENV, "1048576GiB")],
+    );
+    assert!(out.status.success());
+    let read: project_watcher::status::Status = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(read.disk_warning.is_some(), "{read:?}");
+    assert!(read.rss_bytes.is_some_and(|b| b > 1024 * 1024), "{read:?}");
+    let out = status_with(
+        &repo,
+        tmp.path(),
+        false,
+        &[(MIN_FREE_DISK_ENV, "1048576GiB")],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("memory, CPU:      "), "{text}");
+    assert!(text.contains(" resident, "), "{text}");
+    assert!(text.contains("disk:             "), "{text}");
+    assert!(
+        text.contains("disk warning:     the project's file system is nearly full"),
+        "{text}"
+    );
+    // Below a 1-byte threshold nothing is low.
+    let out = status_with(&repo, tmp.path(), true, &[(MIN_FREE_DISK_ENV, "1")]);
+    let read: project_watcher::status::Status = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(read.disk_warning, None, "{read:?}");
+    assert!(read.disk_free_bytes.is_some_and(|f| f > 0), "{read:?}");
+
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(watcher.wait().unwrap().success());
 }

@@ -1,0 +1,142 @@
+//! What the watcher costs and what room it has: its own resident memory and CPU time (from
+//! `/proc/<pid>`), and the free space on the project's file system (`statvfs`), with the
+//! threshold below which the status warns that the disk is filling up.
+//!
+//! Read from `/proc` and `statvfs` rather than through `sysinfo`: these three numbers are a
+//! few hundred bytes of reads, while `sysinfo` keeps tables of every process and disk.
+
+use std::fs;
+use std::path::Path;
+
+/// Overrides the free-space threshold (a size as `--max-file-size` reads it: `100GiB`,
+/// `1048576`; an unreadable value leaves the default). Documented for
+/// operators who want an earlier or later warning, and used by tests to make it fire.
+pub const MIN_FREE_DISK_ENV: &str = "PROJECT_WATCHER_MIN_FREE_DISK";
+
+/// The status warns below max(512 MiB, 5 % of the file system).
+const MIN_FREE_FLOOR: u64 = 512 * 1024 * 1024;
+const MIN_FREE_PERCENT: u64 = 5;
+
+/// A process's resident memory (bytes) and CPU time (user + system, milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessUsage {
+    pub rss_bytes: u64,
+    pub cpu_ms: u64,
+}
+
+/// Reads `/proc/<pid>/status` (`VmRSS`) and `/proc/<pid>/stat` (`utime`, `stime`); `None`
+/// when the process is gone.
+pub fn process(pid: u32) -> Option<ProcessUsage> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after `(comm)`, which may hold spaces: utime and stime are fields 14 and 15.
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let per_second = rustix::param::clock_ticks_per_second().max(1);
+    Some(ProcessUsage {
+        rss_bytes: rss_kib * 1024,
+        cpu_ms: ticks * 1000 / per_second,
+    })
+}
+
+/// Space on a file system, in bytes: `free` is what an unprivileged writer can still use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSpace {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// The file system holding `path`.
+pub fn disk(path: &Path) -> Option<DiskSpace> {
+    let vfs = rustix::fs::statvfs(path).ok()?;
+    Some(DiskSpace {
+        free: vfs.f_bavail.saturating_mul(vfs.f_frsize),
+        total: vfs.f_blocks.saturating_mul(vfs.f_frsize),
+    })
+}
+
+/// The free space below which the status warns: [`MIN_FREE_DISK_ENV`] when set and valid,
+/// else max(512 MiB, 5 % of `total`).
+pub fn min_free(total: u64) -> u64 {
+    std::env::var(MIN_FREE_DISK_ENV)
+        .ok()
+        .and_then(|v| crate::config::parse_size(&v).ok())
+        .unwrap_or_else(|| default_min_free(total))
+}
+
+fn default_min_free(total: u64) -> u64 {
+    MIN_FREE_FLOOR.max(total / 100 * MIN_FREE_PERCENT)
+}
+
+/// The warning the status carries when `space` is below `min_free`.
+pub fn disk_warning(space: DiskSpace, min_free: u64) -> Option<String> {
+    (space.free < min_free).then(|| {
+        format!(
+            "the project's file system is nearly full: {} free of {} (warning below {}); saves fail once it is full",
+            human_bytes(space.free),
+            human_bytes(space.total),
+            human_bytes(min_free)
+        )
+    })
+}
+
+/// `1.5 GiB`, `300.0 MiB`, `12 bytes`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} bytes");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+
+    #[test]
+    fn the_threshold_is_512_mib_or_5_percent_whichever_is_more() {
+        assert_eq!(default_min_free(4 * GIB), 512 * 1024 * 1024);
+        assert_eq!(default_min_free(100 * GIB), 5 * GIB);
+    }
+
+    #[test]
+    fn the_warning_comes_below_the_threshold_only() {
+        let space = DiskSpace {
+            free: 300 * 1024 * 1024,
+            total: 8 * GIB,
+        };
+        let warning = disk_warning(space, default_min_free(space.total)).unwrap();
+        assert!(
+            warning.contains("300.0 MiB free of 8.0 GiB (warning below 512.0 MiB)"),
+            "{warning}"
+        );
+        assert_eq!(disk_warning(space, space.free), None);
+        assert!(disk_warning(space, space.free + 1).is_some());
+    }
+
+    #[test]
+    fn this_process_and_its_file_system_are_measured() {
+        let usage = process(std::process::id()).unwrap();
+        assert!(usage.rss_bytes > 1024 * 1024, "{usage:?}");
+        let space = disk(Path::new(".")).unwrap();
+        assert!(space.total > 0 && space.free <= space.total, "{space:?}");
+        assert_eq!(process(u32::MAX), None);
+    }
+}
