@@ -131,6 +131,11 @@ impl Stager {
     /// file is not written ([`Stager::write_index`] does). Call it with the repo lock held.
     pub fn stage(&mut self, repo: &Repository, changes: &Changes) -> Result<Oid, StageError> {
         let again = self.read_if_written_elsewhere()?;
+        if self.tree.is_none() && !self.index.has_conflicts() {
+            // The index's own tree cache (git keeps it whole) makes this cheap; the batch is
+            // then built on it as on any saved tree.
+            self.tree = self.index.write_tree().ok();
+        }
         self.drivers = self.filter_drivers();
         let shared = Arc::clone(&self.filter);
         {
@@ -189,6 +194,12 @@ impl Stager {
             dir: self.workdir.clone(),
             source,
         };
+        // Makes the tree cache whole again (the saves only invalidated it), so git, and the
+        // next start, find every tree of the index without computing it.
+        let tree = self.index.write_tree().map_err(err)?;
+        if self.touched.is_empty() {
+            self.tree = Some(tree);
+        }
         self.index.write().map_err(err)?;
         self.on_disk = self.index.path().and_then(FileStamp::of);
         self.index_written = self.on_disk.as_ref().map(|s| s.mtime);
