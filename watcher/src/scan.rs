@@ -1,17 +1,19 @@
 //! Top-down walks of the working tree that never enter an ignored directory, a nested
-//! repository or a symlink: the start-up pass, rescans, and new directories.
+//! repository or a symlink: the start-up pass, rescans, and new directories. Entry types come
+//! from what `readdir` returns (`d_type`); only files and symlinks get an `lstat`, for the
+//! stat data the index compares.
 
-use std::fs::{self, Metadata};
+use std::fs::{self, FileType, Metadata};
 use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::filter::{Filter, RuleWarning};
 
 /// What a kept non-directory entry is, as `git add -A` sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum EntryKind {
-    /// A regular file or a symlink (committed as a link, never followed).
-    File,
+    /// A regular file or a symlink (committed as a link, never followed), with its `lstat`.
+    File(Metadata),
     /// A directory holding a repository of its own and nothing tracked: recorded as a
     /// gitlink, not entered.
     NestedRepo,
@@ -91,8 +93,8 @@ pub fn kept_dirs(
     while let Some((dir, inside_ignored)) = stack.pop() {
         enter(&dir);
         warnings.extend(filter.load_dir(&dir));
-        for (rel, meta) in read_dir(workdir, &dir).unwrap_or_default() {
-            if !meta.is_dir() {
+        for (rel, file_type) in read_dir(workdir, &dir).unwrap_or_default() {
+            if !file_type.is_dir() {
                 continue;
             }
             if !dir.as_os_str().is_empty() && rel.file_name().is_some_and(|n| n == ".git") {
@@ -110,7 +112,7 @@ pub fn kept_dirs(
     found
 }
 
-/// Every kept file, symlink, nested repository and gitlink under `start`, with its metadata,
+/// Every kept file and symlink (with its `lstat`), nested repository and gitlink under `start`,
 /// and the directories that could not be read (what was saved of them stands: unreadable is
 /// not gone). `in_index` says what the index holds under a directory.
 pub fn kept_entries(
@@ -118,7 +120,7 @@ pub fn kept_entries(
     start: &Path,
     filter: &Filter,
     in_index: impl Fn(&Path) -> DirInIndex,
-) -> (Vec<(PathBuf, EntryKind, Metadata)>, Vec<PathBuf>) {
+) -> (Vec<(PathBuf, EntryKind)>, Vec<PathBuf>) {
     let mut found = Vec::new();
     let mut unreadable = Vec::new();
     let mut stack = vec![start.to_owned()];
@@ -127,23 +129,24 @@ pub fn kept_entries(
             unreadable.push(dir);
             continue;
         };
-        for (rel, meta) in entries {
-            let is_dir = meta.is_dir();
+        for (rel, ft) in entries {
+            let is_dir = ft.is_dir();
             if filter.is_ignored(&rel, is_dir) {
                 continue;
             }
-            let ft = meta.file_type();
             if ft.is_file() || ft.is_symlink() {
                 // Tracked files outside a sparse checkout are refreshed from the index.
-                if !filter.outside_sparse(&rel, false) {
-                    found.push((rel, EntryKind::File, meta));
+                if !filter.outside_sparse(&rel, false)
+                    && let Ok(meta) = fs::symlink_metadata(workdir.join(&rel))
+                {
+                    found.push((rel, EntryKind::File(meta)));
                 }
             } else if is_dir {
                 match in_index(&rel) {
-                    DirInIndex::Gitlink => found.push((rel, EntryKind::Gitlink, meta)),
+                    DirInIndex::Gitlink => found.push((rel, EntryKind::Gitlink)),
                     DirInIndex::Untracked if is_nested_repo(&workdir.join(&rel)) => {
                         if !filter.outside_sparse(&rel, true) {
-                            found.push((rel, EntryKind::NestedRepo, meta));
+                            found.push((rel, EntryKind::NestedRepo));
                         }
                     }
                     DirInIndex::Tracked | DirInIndex::Untracked => stack.push(rel),
@@ -154,9 +157,10 @@ pub fn kept_entries(
     (found, unreadable)
 }
 
-/// The entries of one directory with their `lstat`; a directory that vanished yields nothing
-/// (its removal arrives as an event of its own), one that cannot be read `None`.
-fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, Metadata)>> {
+/// The entries of one directory with their type as `readdir` gives it (no `lstat` on the file
+/// systems that fill `d_type`); a directory that vanished yields nothing (its removal arrives
+/// as an event of its own), one that cannot be read `None`.
+fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, FileType)>> {
     let entries = match fs::read_dir(workdir.join(dir)) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(Vec::new()),
@@ -168,8 +172,8 @@ fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, Metadata)>> {
     let entries = entries
         .flatten()
         .filter_map(|entry| {
-            let meta = entry.metadata().ok()?;
-            Some((dir.join(entry.file_name()), meta))
+            let file_type = entry.file_type().ok()?;
+            Some((dir.join(entry.file_name()), file_type))
         })
         .collect();
     Some(entries)

@@ -355,9 +355,9 @@ impl Stager {
             (top || path.starts_with(dir)) && !unreadable.iter().any(|u| path.starts_with(u))
         };
         let mut kept: HashSet<PathBuf> = HashSet::with_capacity(entries.len());
-        for (rel, kind, meta) in entries {
+        for (rel, kind) in entries {
             match kind {
-                EntryKind::File => self.add_file(&rel, &meta, true),
+                EntryKind::File(meta) => self.add_file(&rel, &meta, true),
                 EntryKind::NestedRepo => self.add_nested_repo(&rel),
                 EntryKind::Gitlink => self.stage_gitlink(&rel),
             }

@@ -6,15 +6,23 @@
 //! before the watch is not missed. A queue overflow, a full channel or an unexpected error
 //! asks for a full rescan: a change may be seen twice, never lost. When the kernel runs out
 //! of watches, the directories left over are rescanned periodically instead.
+//!
+//! The inotify instance is the stage's own (`rustix`): a watch is one `inotify_add_watch`
+//! made on the walking thread, with no event-loop thread to ask and wait for per directory,
+//! and events are read from the descriptor by the stage's task.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use notify::event::{EventKind, ModifyKind, RenameMode};
-use notify::{Event, INotifyWatcher, RecursiveMode, Watcher};
+use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
+use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::changes::Changes;
@@ -32,16 +40,134 @@ pub const MAX_WATCHES_ENV: &str = "PROJECT_WATCHER_MAX_WATCHES";
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     #[error("cannot start inotify: {0}")]
-    Start(notify::Error),
+    Start(io::Error),
+}
+
+/// Why a watch could not be added.
+enum WatchFailure {
+    /// The kernel's (or [`MAX_WATCHES_ENV`]'s) limit on watches.
+    Limit,
+    /// The path is gone.
+    NotFound,
+    Other(io::Error),
+}
+
+/// What a directory is watched for (a rules file: the same, on the file itself).
+fn watch_mask() -> WatchFlags {
+    WatchFlags::ATTRIB
+        | WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::MODIFY
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+}
+
+/// One inotify instance and the names its watches were added under. inotify watches inodes:
+/// adding a watch on an inode already watched returns its descriptor, which then maps to
+/// the newest name (as a rename needs).
+struct Inotify {
+    fd: AsyncFd<OwnedFd>,
+    names: HashMap<i32, PathBuf>,
+    watches: HashMap<PathBuf, i32>,
+}
+
+impl Inotify {
+    /// Call it inside the tokio runtime (its reactor reads the descriptor).
+    fn new() -> io::Result<Self> {
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+        // `AsyncFd::new` is deprecated for types whose descriptor safe code could close while
+        // registered; an `OwnedFd` moved into the `AsyncFd` cannot be.
+        #[allow(deprecated)]
+        let fd = AsyncFd::new(fd)?;
+        Ok(Self {
+            fd,
+            names: HashMap::new(),
+            watches: HashMap::new(),
+        })
+    }
+
+    fn watch(&mut self, abs: &Path) -> Result<(), WatchFailure> {
+        match inotify::add_watch(self.fd.get_ref(), abs, watch_mask()) {
+            Ok(wd) => {
+                self.names.insert(wd, abs.to_owned());
+                self.watches.insert(abs.to_owned(), wd);
+                Ok(())
+            }
+            Err(rustix::io::Errno::NOSPC) => Err(WatchFailure::Limit),
+            Err(rustix::io::Errno::NOENT) => Err(WatchFailure::NotFound),
+            Err(e) => Err(WatchFailure::Other(e.into())),
+        }
+    }
+
+    fn unwatch(&mut self, abs: &Path) {
+        if let Some(wd) = self.watches.remove(abs) {
+            self.names.remove(&wd);
+            let _ = inotify::remove_watch(self.fd.get_ref(), wd);
+        }
+    }
+
+    /// The kernel dropped a watch (its directory was deleted, or it was removed).
+    fn forget(&mut self, wd: i32) {
+        if let Some(name) = self.names.remove(&wd)
+            && self.watches.get(&name) == Some(&wd)
+        {
+            self.watches.remove(&name);
+        }
+    }
+}
+
+/// One event as the kernel gives it.
+struct Read {
+    wd: i32,
+    flags: ReadFlags,
+    name: Option<PathBuf>,
+}
+
+/// Every event the kernel has queued (`EAGAIN` ends the read); a read error is an overflow
+/// (a rescan).
+fn read_events(fd: &OwnedFd, buf: &mut [MaybeUninit<u8>]) -> Vec<Read> {
+    let mut events = Vec::new();
+    let mut reader = inotify::Reader::new(fd, buf);
+    loop {
+        match reader.next() {
+            Ok(event) => events.push(Read {
+                wd: event.wd(),
+                flags: event.events(),
+                name: event
+                    .file_name()
+                    .map(|n| PathBuf::from(OsStr::from_bytes(n.to_bytes()))),
+            }),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => break,
+            Err(e) => {
+                tracing::warn!("reading file events failed, rescanning: {e}");
+                events.push(Read {
+                    wd: -1,
+                    flags: ReadFlags::QUEUE_OVERFLOW,
+                    name: None,
+                });
+                break;
+            }
+        }
+    }
+    events
+}
+
+/// One event as the stage reads it: a path, and whether it is gone from there.
+enum Raw {
+    Path { abs: PathBuf, gone: bool },
+    Overflow,
 }
 
 pub struct TreeWatcher {
     workdir: PathBuf,
     git_dir: PathBuf,
     filter: Arc<RwLock<Filter>>,
-    watcher: INotifyWatcher,
-    raw: mpsc::Receiver<notify::Result<Event>>,
-    overflowed: Arc<AtomicBool>,
+    inotify: Inotify,
+    /// Raw events handled one by one per read; more than this at once is a forced rescan.
+    event_buffer: usize,
     /// Kept directories with a live watch, relative to the working tree.
     watched: BTreeSet<PathBuf>,
     /// Kept directories the kernel refused a watch for.
@@ -69,30 +195,12 @@ impl TreeWatcher {
         tracked_ignored_changed: Arc<Notify>,
         event_buffer: usize,
     ) -> Result<Self, WatchError> {
-        let (tx, raw) = mpsc::channel(event_buffer.max(1));
-        let overflowed = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&overflowed);
-        let watcher = INotifyWatcher::new(
-            move |event: notify::Result<Event>| {
-                if let Ok(e) = &event
-                    && matches!(e.kind, EventKind::Access(_))
-                {
-                    return;
-                }
-                if tx.try_send(event).is_err() {
-                    flag.store(true, Ordering::SeqCst);
-                }
-            },
-            notify::Config::default(),
-        )
-        .map_err(WatchError::Start)?;
         let mut this = Self {
             workdir: workdir.to_owned(),
             git_dir: git_dir.to_owned(),
             filter,
-            watcher,
-            raw,
-            overflowed,
+            inotify: Inotify::new().map_err(WatchError::Start)?,
+            event_buffer: event_buffer.max(1),
             watched: BTreeSet::new(),
             unwatched: BTreeSet::new(),
             limit_reported: false,
@@ -116,6 +224,7 @@ impl TreeWatcher {
 
     /// Forwards changes until `stop` fires or `out` closes, then drops every watch.
     pub async fn run(mut self, out: mpsc::Sender<Changes>, mut stop: oneshot::Receiver<()>) {
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
         let mut rescan = tokio::time::interval(UNWATCHED_RESCAN_EVERY);
         rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         rescan.reset();
@@ -123,11 +232,18 @@ impl TreeWatcher {
             let mut changes = Changes::default();
             tokio::select! {
                 _ = &mut stop => return,
-                event = self.raw.recv() => {
-                    let Some(event) = event else { return };
-                    self.handle(event, &mut changes);
-                    while let Ok(event) = self.raw.try_recv() {
-                        self.handle(event, &mut changes);
+                ready = self.inotify.fd.readable() => {
+                    let Ok(mut guard) = ready else { return };
+                    let read = read_events(guard.get_inner(), &mut buf);
+                    guard.clear_ready();
+                    let events = self.resolve(read);
+                    if events.len() > self.event_buffer {
+                        tracing::warn!("too many events at once; rescanning the whole project");
+                        self.rescan_all(&mut changes);
+                    } else {
+                        for event in events {
+                            self.handle(event, &mut changes);
+                        }
                     }
                 }
                 _ = rescan.tick(), if !self.unwatched.is_empty() || self.rule_files_absent => {
@@ -146,48 +262,50 @@ impl TreeWatcher {
                     changes.subtrees.extend(self.reconcile(Path::new("")));
                 }
             }
-            if self.overflowed.swap(false, Ordering::SeqCst) {
-                tracing::warn!("too many events at once; rescanning the whole project");
-                self.rescan_all(&mut changes);
-            }
             if !changes.is_empty() && out.send(changes).await.is_err() {
                 return;
             }
         }
     }
 
-    fn handle(&mut self, event: notify::Result<Event>, changes: &mut Changes) {
-        let event = match event {
-            Ok(event) => event,
-            Err(e) => {
-                if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) {
-                    self.watch_limit_reached(e.paths.first().map(PathBuf::as_path));
-                } else {
-                    tracing::warn!("file watching reported a problem, rescanning: {e}");
-                    self.rescan_all(changes);
-                }
-                return;
+    /// Events as paths, from the names their watches were added under.
+    fn resolve(&mut self, read: Vec<Read>) -> Vec<Raw> {
+        let mut events = Vec::with_capacity(read.len());
+        for Read { wd, flags, name } in read {
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                events.push(Raw::Overflow);
+                continue;
             }
-        };
-        if event.need_rescan() {
-            tracing::warn!("the kernel dropped file events; rescanning the whole project");
-            return self.rescan_all(changes);
+            if flags.contains(ReadFlags::IGNORED) {
+                self.inotify.forget(wd);
+                continue;
+            }
+            let Some(dir) = self.inotify.names.get(&wd) else {
+                continue;
+            };
+            let abs = match name {
+                Some(name) => dir.join(name),
+                None => dir.clone(),
+            };
+            // A directory removed or renamed away, or a name in a directory gone or moved.
+            let gone = flags.intersects(
+                ReadFlags::DELETE
+                    | ReadFlags::MOVED_FROM
+                    | ReadFlags::DELETE_SELF
+                    | ReadFlags::MOVE_SELF,
+            );
+            events.push(Raw::Path { abs, gone });
         }
-        // A rename also arrives as its `From` and `To` halves, handled one by one.
-        if matches!(
-            event.kind,
-            EventKind::Access(_) | EventKind::Modify(ModifyKind::Name(RenameMode::Both))
-        ) {
-            return;
-        }
-        // notify drops its watch of a directory that is removed or renamed away, even when
-        // a new directory of the same name appears before this stage sees the event.
-        let gone = matches!(
-            event.kind,
-            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(RenameMode::From))
-        );
-        for path in &event.paths {
-            self.handle_path(path, gone, changes);
+        events
+    }
+
+    fn handle(&mut self, event: Raw, changes: &mut Changes) {
+        match event {
+            Raw::Overflow => {
+                tracing::warn!("the kernel dropped file events; rescanning the whole project");
+                self.rescan_all(changes);
+            }
+            Raw::Path { abs, gone } => self.handle_path(&abs, gone, changes),
         }
     }
 
@@ -305,9 +423,7 @@ impl TreeWatcher {
         let kept = scan::kept_dirs(&self.workdir, dir, &mut filter, &mut warnings, |rel| {
             if self.watched.contains(rel) {
                 if again {
-                    let _ = self
-                        .watcher
-                        .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive);
+                    let _ = self.inotify.watch(&self.workdir.join(rel));
                     visited.push(rel.to_owned());
                 }
                 return;
@@ -317,10 +433,9 @@ impl TreeWatcher {
                 .max_watches
                 .is_some_and(|cap| self.watched.len() >= cap);
             let watched = if capped {
-                Err(notify::Error::new(notify::ErrorKind::MaxFilesWatch))
+                Err(WatchFailure::Limit)
             } else {
-                self.watcher
-                    .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive)
+                self.inotify.watch(&self.workdir.join(rel))
             };
             match watched {
                 Ok(()) => {
@@ -328,12 +443,12 @@ impl TreeWatcher {
                     added.push(rel.to_owned());
                     visited.push(rel.to_owned());
                 }
-                Err(e) if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) => {
+                Err(WatchFailure::Limit) => {
                     self.unwatched.insert(rel.to_owned());
                     limit_hit.get_or_insert_with(|| rel.to_owned());
                 }
-                Err(e) if matches!(e.kind, notify::ErrorKind::PathNotFound) => {}
-                Err(e) => {
+                Err(WatchFailure::NotFound) => {}
+                Err(WatchFailure::Other(e)) => {
                     tracing::warn!(dir = %rel.display(), "cannot watch directory, it is rescanned periodically instead: {e}");
                     self.unwatched.insert(rel.to_owned());
                 }
@@ -347,9 +462,7 @@ impl TreeWatcher {
         }
         if !gone.is_empty() {
             for rel in &visited {
-                let _ = self
-                    .watcher
-                    .watch(&self.workdir.join(rel), RecursiveMode::NonRecursive);
+                let _ = self.inotify.watch(&self.workdir.join(rel));
             }
         }
         drop(filter);
@@ -384,7 +497,7 @@ impl TreeWatcher {
 
     fn unwatch(&mut self, rel: &Path) {
         if self.watched.remove(rel) {
-            let _ = self.watcher.unwatch(&self.workdir.join(rel));
+            self.inotify.unwatch(&self.workdir.join(rel));
         }
         self.unwatched.remove(rel);
     }
@@ -413,9 +526,16 @@ impl TreeWatcher {
         self.rule_files_absent = self.rule_files_missing();
         for path in std::iter::once(info).chain(excludes).chain(env_target) {
             if path.exists() {
-                let _ = self.watcher.unwatch(&path);
-                if let Err(e) = self.watcher.watch(&path, RecursiveMode::NonRecursive) {
-                    tracing::warn!(path = %path.display(), "cannot watch ignore rules file; edits to it apply at the next rescan: {e}");
+                self.inotify.unwatch(&path);
+                match self.inotify.watch(&path) {
+                    Ok(()) => {}
+                    Err(WatchFailure::Limit) => {
+                        tracing::warn!(path = %path.display(), "cannot watch ignore rules file (the watch limit is reached); edits to it apply at the next rescan")
+                    }
+                    Err(WatchFailure::NotFound) => {}
+                    Err(WatchFailure::Other(e)) => {
+                        tracing::warn!(path = %path.display(), "cannot watch ignore rules file; edits to it apply at the next rescan: {e}")
+                    }
                 }
             }
         }
