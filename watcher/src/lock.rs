@@ -86,6 +86,27 @@ impl RepoLock {
         Ok(Self { _file: file })
     }
 
+    /// For `sync`, `restore` and `restore --at`: takes the lock once a running watcher has
+    /// written the changes it holds for `.git/index` only in memory (its
+    /// [`INDEX_UNWRITTEN`] marker, made and removed under this lock), waiting at most
+    /// [`INDEX_WRITE_WAIT`]; after that, or with no watcher running, it goes on (their trees
+    /// come out the same from an older index).
+    pub fn acquire_after_watcher_index(git_dir: &Path) -> Result<Self, LockError> {
+        let marker = state_dir(git_dir).join(INDEX_UNWRITTEN);
+        let deadline = std::time::Instant::now() + INDEX_WRITE_WAIT;
+        loop {
+            let lock = Self::acquire(git_dir)?;
+            if !marker.exists()
+                || std::time::Instant::now() >= deadline
+                || !watcher_running(git_dir)
+            {
+                return Ok(lock);
+            }
+            drop(lock);
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
     /// Takes the lock if it is free, else `None`.
     pub fn try_acquire(git_dir: &Path) -> Result<Option<Self>, LockError> {
         let path = state_dir(git_dir).join("repo.lock");
@@ -126,6 +147,12 @@ pub fn create_state_dir(dir: &Path) -> io::Result<()> {
         _ => Ok(()),
     }
 }
+
+/// The marker a watcher keeps in its state folder while `.git/index` is behind the index it
+/// committed from (see `save.rs`); made and removed only under `repo.lock`.
+pub const INDEX_UNWRITTEN: &str = "index-unwritten";
+/// How long `sync`, `restore` and `restore --at` wait for a running watcher's index write.
+pub const INDEX_WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// How old an `index.lock` must be before it counts as left behind by a dead process.
 pub const STALE_INDEX_LOCK_AGE: Duration = Duration::from_secs(60);

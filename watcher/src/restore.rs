@@ -65,7 +65,7 @@ impl RestoreError {
 /// Holds the repo lock throughout, so a running watcher waits and sees only the result.
 pub fn restore(settings: &RemoteSettings) -> Result<Restored, RestoreError> {
     let repo = open(&settings.workdir)?;
-    let _lock = RepoLock::acquire(repo.path())?;
+    let _lock = RepoLock::acquire_after_watcher_index(repo.path())?;
     match fetch_branch(&repo, settings)? {
         None => Ok(Restored::NothingSaved),
         Some(commit) => {

@@ -99,7 +99,7 @@ pub fn restore_at(
         .map(|p| checked_path(p))
         .collect::<Result<Vec<_>, _>>()?;
     exclude_env_files(repo.path())?;
-    let _lock = RepoLock::acquire(repo.path())?;
+    let _lock = RepoLock::acquire_after_watcher_index(repo.path())?;
 
     // Everything the user gave is checked before anything changes.
     let from = at::resolve(&repo, rev, now)?;

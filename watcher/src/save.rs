@@ -92,7 +92,9 @@ impl Saver {
         self.guarded(|saver| {
             let _lock = RepoLock::acquire(&saver.git_dir)?;
             let _marker = saver.marker()?;
-            Ok(saver.stager.write_index(&saver.repo)?)
+            let wrote = saver.stager.write_index(&saver.repo)?;
+            saver.mark_unwritten();
+            Ok(wrote)
         })
     }
 
@@ -138,11 +140,32 @@ impl Saver {
                 Err(e) => tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE),
             }
         }
-        let tree = self.stager.stage(&self.repo, &changes)?;
-        commit::commit_tree(&self.repo, tree).map_err(|source| SaveError::Git {
+        let staged = self.stager.stage(&self.repo, &changes);
+        self.mark_unwritten();
+        commit::commit_tree(&self.repo, staged?).map_err(|source| SaveError::Git {
             dir: self.workdir.clone(),
             source,
         })
+    }
+
+    /// Keeps [`lock::INDEX_UNWRITTEN`] true (under `repo.lock`), so `sync`, `restore` and
+    /// `restore --at` wait for the index write rather than read an older index.
+    fn mark_unwritten(&self) {
+        let marker = lock::state_dir(&self.git_dir).join(lock::INDEX_UNWRITTEN);
+        let result = if self.stager.has_unwritten() {
+            match std::fs::symlink_metadata(&marker) {
+                Ok(_) => Ok(()),
+                Err(_) => std::fs::File::create(&marker).map(drop),
+            }
+        } else {
+            match std::fs::remove_file(&marker) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                result => result,
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!(path = %marker.display(), "cannot update the unwritten-index marker: {e}");
+        }
     }
 
     /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's) that no process

@@ -154,8 +154,8 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
     let restore_settings = &settings.restore;
     let repo = restore::open(&restore_settings.workdir)
         .map_err(|e| SyncError::from_restore(Step::Open, e))?;
-    let _lock =
-        RepoLock::acquire(repo.path()).map_err(|e| SyncError::new(Step::Lock, e.to_string()))?;
+    let _lock = RepoLock::acquire_after_watcher_index(repo.path())
+        .map_err(|e| SyncError::new(Step::Lock, e.to_string()))?;
 
     let remote_tip = restore::fetch_branch(&repo, restore_settings)
         .map_err(|e| SyncError::from_restore(Step::Fetch, e))?;

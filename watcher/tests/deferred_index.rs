@@ -230,3 +230,52 @@ fn a_git_command_run_while_the_index_is_only_in_memory_wins_over_the_next_save()
     assert!(!paths.contains(&"c.log".to_owned()), "{paths:?}");
     assert_eq!(staged_against_head(&repo.dir), "");
 }
+
+#[test]
+fn restore_at_run_right_after_a_save_reads_the_index_that_save_committed_from() {
+    let repo = Repo::new();
+    repo.write("a.txt", "a\n");
+    repo.write("big.bin", "small\n");
+    repo.git(&["add", "-A"]);
+    repo.git(&["commit", "-qm", "start"]);
+    let start = head_of(&repo.dir);
+    let mut config = repo.config();
+    config.max_file_size = 1024;
+    config.index_quiet = Duration::from_secs(2);
+    let daemon = Daemon::start(&repo, config);
+    repo.write("a.txt", "a, edited\n");
+    repo.wait_saved();
+    let before = head_of(&repo.dir);
+
+    // big.bin grows over --max-file-size: the watcher's next commit drops it, and for 2 s only
+    // its in-memory index knows.
+    repo.write("big.bin", &"x".repeat(4096));
+    until(PATIENCE, "the commit that drops big.bin", || {
+        (head_of(&repo.dir) != before).then_some(())
+    });
+    let saved = head_of(&repo.dir);
+    assert!(
+        repo.path(".git/project-watcher/index-unwritten").exists(),
+        "the restore must start while the index file is behind"
+    );
+    assert!(staged_against_head(&repo.dir).contains("big.bin"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_project-watcher"))
+        .args(["restore", "--at", &start, "--path", "a.txt"])
+        .args(["--max-file-size", "1024", "--dir"])
+        .arg(&repo.dir)
+        .envs(testkit::git::hermetic_env(&repo.dir.join("../home")))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    daemon.stop().expect("clean shutdown");
+
+    // Read from the index the watcher committed from, `restore --at` had nothing unsaved to
+    // commit first: its commit follows the watcher's, and the over-size file stays out.
+    assert_eq!(repo.git(&["rev-parse", "HEAD~"]).trim(), saved);
+    assert_eq!(repo.git(&["show", "HEAD:a.txt"]), "a\n");
+    assert!(!repo.head_paths().contains(&"big.bin".to_owned()));
+}
