@@ -166,12 +166,17 @@ pub fn figures(results: &BTreeMap<usize, FixtureResults>, main: usize) -> Vec<Fi
             ),
         );
         let (b, w) = per_side(f, &rss);
-        rows.push(Row::new(
+        let rss_row = Row::new(
             format!("start-up: RSS of the process tree, {size} tracked"),
             "MiB",
             b,
             w,
-        ));
+        );
+        rows.push(if n >= 100_000 {
+            rss_row.target("watcher <= 32 MiB", |_, w| w <= 32.0)
+        } else {
+            rss_row
+        });
         let (b, w) = per_side(f, &startup_cpu);
         rows.push(Row::new(
             format!("start-up: CPU until ready + 1 s, {size} tracked"),
@@ -437,6 +442,13 @@ mod tests {
             find(&figures, "start-up: inotify watches, 100k tracked").verdict,
             Verdict::Missed,
             "12 watches for 10 kept dirs and .git/info"
+        );
+        let rss = find(&figures, "start-up: RSS of the process tree, 100k tracked");
+        assert_eq!(rss.watcher, Some(4.0));
+        assert_eq!(rss.verdict, Verdict::Met, "4 MiB <= 32 MiB");
+        assert_eq!(
+            find(&figures, "start-up: RSS of the process tree, 1k tracked").verdict,
+            Verdict::NoTarget
         );
         assert!(
             !figures.iter().any(|f| f.name.contains("burst")),
