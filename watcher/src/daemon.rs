@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use git2::{Oid, Repository};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
@@ -415,15 +415,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let mut retry = SaveRetry::default();
     // A batch that failed, and when it is tried again.
     let mut failed: Option<(Changes, Instant)> = None;
-    // When the index file is written, once the watcher has been quiet.
-    let mut write_index_at: Option<Instant> = None;
+    // When the index file is written: once the watcher has been quiet, or at the latest
+    // `IndexWrite::cap` after the first save it lacks, however busy the project is.
+    let mut index_write = IndexWrite::new(&config);
     // A failed first pass (a stale lock, a full disk, a read-only `.git`) is retried like any
     // other save: exiting would only make the supervisor restart us into the same fault.
     let first = saver.save(Changes::everything()).await;
     match book.record_save(first, &reader, pusher.as_ref()) {
-        SaveOutcome::Done { index_unwritten } => {
-            write_index_at = index_unwritten.then(|| Instant::now() + config.index_quiet);
-        }
+        SaveOutcome::Done { index_unwritten } => index_write.saved(index_unwritten),
         SaveOutcome::Failed(e) => {
             let wait = retry.next_delay();
             tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
@@ -452,12 +451,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let mut gone = None;
     loop {
         let retry_at = failed.as_ref().map(|f| f.1);
+        let write_index_at = index_write.at;
         let mut changes = tokio::select! {
             () = &mut shutdown => break,
             msg = debounced.recv() => match msg {
                 Some(Debounced::Pending) => {
-                    // A save is coming: the index is written after it.
-                    write_index_at = None;
+                    index_write.pending();
                     book.pending = true;
                     book.write();
                     continue;
@@ -476,16 +475,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 continue;
             }
             () = sleep_until(write_index_at), if write_index_at.is_some() => {
-                write_index_at = None;
                 match saver.write_index().await {
-                    Ok(_) => {}
+                    Ok(_) => index_write.written(),
                     Err(e @ SaveError::Gone { .. }) => {
                         gone = Some(e.into());
                         break;
                     }
                     Err(e) => {
                         tracing::warn!("cannot write the git index yet, trying again: {e}");
-                        write_index_at = Some(Instant::now() + config.index_quiet);
+                        index_write.failed();
                     }
                 }
                 continue;
@@ -507,7 +505,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         match book.record_save(result, &reader, pusher.as_ref()) {
             SaveOutcome::Done { index_unwritten } => {
                 retry.reset();
-                write_index_at = index_unwritten.then(|| Instant::now() + config.index_quiet);
+                index_write.saved(index_unwritten);
             }
             SaveOutcome::Failed(e) => {
                 let wait = retry.next_delay();
@@ -552,6 +550,57 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     book.write();
     outcome
+}
+
+/// When the index file is written: `index_quiet` after the latest save when no batch is
+/// pending (the write then delays no save), but never later than `cap` (`--max-delay`, as the
+/// debounce caps a batch) after the first save the file lacks, so a project that is never
+/// quiet (a nested repository's `.git` touched by every `git status`) still gets it.
+struct IndexWrite {
+    quiet: Duration,
+    cap: Duration,
+    /// The first save the index file lacks.
+    since: Option<Instant>,
+    at: Option<Instant>,
+}
+
+impl IndexWrite {
+    fn new(config: &Config) -> Self {
+        Self {
+            quiet: config.index_quiet,
+            cap: config.max_delay.max(config.index_quiet),
+            since: None,
+            at: None,
+        }
+    }
+
+    fn saved(&mut self, unwritten: bool) {
+        if !unwritten {
+            return self.written();
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        self.at = Some((now + self.quiet).min(since + self.cap));
+    }
+
+    /// A batch is coming: the write waits for its save, unless it is due by the cap.
+    fn pending(&mut self) {
+        if self
+            .since
+            .is_some_and(|since| Instant::now() < since + self.cap)
+        {
+            self.at = None;
+        }
+    }
+
+    fn written(&mut self) {
+        self.since = None;
+        self.at = None;
+    }
+
+    fn failed(&mut self) {
+        self.at = Some(Instant::now() + self.quiet);
+    }
 }
 
 /// Writes the index file now (at stop, and after `once`): a failure is a warning, the saves

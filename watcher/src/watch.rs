@@ -52,12 +52,12 @@ enum WatchFailure {
     Other(io::Error),
 }
 
-/// What a directory is watched for (a rules file: the same, on the file itself).
+/// What a directory is watched for (a rules file: the same, on the file itself). `MODIFY`
+/// already reports every write, so `CLOSE_WRITE` would only double the events.
 fn watch_mask() -> WatchFlags {
     WatchFlags::ATTRIB
         | WatchFlags::CREATE
         | WatchFlags::DELETE
-        | WatchFlags::CLOSE_WRITE
         | WatchFlags::MODIFY
         | WatchFlags::MOVED_FROM
         | WatchFlags::MOVED_TO

@@ -279,3 +279,47 @@ fn restore_at_run_right_after_a_save_reads_the_index_that_save_committed_from() 
     assert_eq!(repo.git(&["show", "HEAD:a.txt"]), "a\n");
     assert!(!repo.head_paths().contains(&"big.bin".to_owned()));
 }
+
+#[test]
+fn a_project_that_is_never_quiet_still_gets_its_index_written() {
+    let repo = Repo::new();
+    repo.write("a.txt", "a\n");
+    repo.git(&["add", "-A"]);
+    repo.git(&["commit", "-qm", "start"]);
+    let mut config = repo.config();
+    config.max_delay = Duration::from_secs(2);
+    config.index_quiet = Duration::from_secs(1);
+    let daemon = Daemon::start(&repo, config);
+    repo.write("early.txt", "early\n");
+    let busy = repo.path("busy.txt");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                fs::write(&busy, format!("{n}\n")).unwrap();
+                // Longer than the debounce, shorter than the quiet: each write is a batch.
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
+    };
+    // A save every 300 ms, never 1 s of quiet; the index file still follows within
+    // --max-delay of the first save it lacks.
+    let seen = testkit::wait::until(
+        Duration::from_secs(20),
+        "early.txt in the index file",
+        || {
+            git_read_only(&repo.dir, &["ls-files", "early.txt"])
+                .contains("early.txt")
+                .then_some(())
+        },
+    );
+    let still_busy = !writer.is_finished();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    daemon.stop().expect("clean shutdown");
+    assert!(still_busy, "the project was busy all along");
+    let () = seen;
+}
