@@ -665,10 +665,13 @@ impl Stager {
 
     /// Git's "racily clean" rule: a file modified in the same clock tick as the index was
     /// written may have changed without its stat data showing it, so only files modified
-    /// strictly before the index may skip hashing.
+    /// strictly before the index may skip hashing. The tick is a whole second, as git built
+    /// without `USE_NSEC` (the common build) counts it: a file written in the index's second
+    /// is hashed again by git, so it is here too (with changed attributes, that gives a new
+    /// blob).
     fn modified_before_the_index(&self, meta: &Metadata) -> bool {
         self.index_written
-            .is_some_and(|written| (meta.mtime(), meta.mtime_nsec()) < written)
+            .is_some_and(|(seconds, _)| meta.mtime() < seconds)
     }
 
     /// A file where a directory was (or the other way round) must not leave the old entries
