@@ -139,7 +139,7 @@ fn behind_https_the_cookie_is_secure_and_the_page_has_its_security_headers() {
     );
     assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
     assert_eq!(header("x-frame-options").as_deref(), Some("DENY"));
-    assert_eq!(header("referrer-policy").as_deref(), Some("no-referrer"));
+    assert_eq!(header("referrer-policy").as_deref(), Some("same-origin"));
     assert_eq!(header("cache-control").as_deref(), Some("no-store"));
     assert!(!body.contains("<script>"), "no inline script: {body}");
     assert!(
@@ -193,6 +193,9 @@ fn another_users_project_is_forbidden() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// A refused POST: what it lacks, its `Origin`, its form.
+type Attempt<'a> = (&'a str, Option<&'a str>, &'a [(&'a str, &'a str)]);
+
 #[test]
 fn a_post_needs_the_sessions_csrf_token_and_this_origin() {
     let ws = Workspace::start(&[], |_| {});
@@ -208,7 +211,7 @@ fn a_post_needs_the_sessions_csrf_token_and_this_origin() {
     let head = head.trim();
     let url = ws.serve.url("/u/alice/restore-version");
     let own_origin = ws.serve.url("");
-    let refused: [(&str, Option<&str>, &[(&str, &str)]); 4] = [
+    let refused: [Attempt; 4] = [
         ("no token", None, &[("commit", head)]),
         ("a wrong token", None, &[("csrf", "x"), ("commit", head)]),
         (

@@ -283,7 +283,8 @@ pub fn workspace<H: ProjectPages>(
 }
 
 /// The page's headers on every answer: no caching (the form, the token), no framing, no
-/// referrer (the sign-in link is in a URL), scripts and styles only from this server.
+/// referrer to other sites (the sign-in link is in a URL; `no-referrer` would make browsers send
+/// `Origin: null` on the page's own POSTs), scripts and styles only from this server.
 async fn security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     let set = [
@@ -292,7 +293,7 @@ async fn security_headers(mut response: Response) -> Response {
             "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         ),
         (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        (header::REFERRER_POLICY, "same-origin"),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::CACHE_CONTROL, "no-store"),
     ];

@@ -29,8 +29,13 @@
   events.addEventListener("status", function (event) {
     var next = document.createElement("div");
     next.innerHTML = event.data;
-    // The same state again (the first event after connecting): keep what is typed in the form.
-    if (next.textContent === status.textContent) {
+    // The same state again (the first event after connecting): keep the page as it is, with
+    // what is typed in the form and the errors next to its fields.
+    var label = function (root) {
+      var badge = root.querySelector(".status");
+      return badge ? badge.textContent : "";
+    };
+    if (label(next) === label(status)) {
       return;
     }
     status.innerHTML = event.data;
