@@ -8,6 +8,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,8 @@ use common::workspace::Workspace;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
-/// `chromedriver` on a free port, ended on drop.
+/// `chromedriver` on a free port in its own process group, which its chromium joins: the
+/// whole group is ended on drop, so no browser outlives the test.
 struct Driver {
     child: Child,
     url: String,
@@ -27,7 +29,9 @@ struct Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -52,6 +56,7 @@ async fn browser() -> (Driver, Client) {
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .process_group(0)
         .spawn()
         .expect("start chromedriver");
     let driver = Driver {
