@@ -273,3 +273,112 @@ fn login_link_refuses_a_ttl_over_a_day_and_a_bad_user() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+#[test]
+fn with_gitlab_and_no_sandboxes_the_page_shows_the_history_and_the_gitlab_project() {
+    use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
+    use testkit::git_server::GitServer;
+
+    let repos = tempfile::tempdir().unwrap();
+    let server = GitServer::start(repos.path());
+    let bare = server.create_bare(&format!("{GROUP_PATH}/alice.git"));
+    server.require_password(SERVICE_TOKEN);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let gitlab = runtime.block_on(FakeGitLab::start());
+    gitlab.set_repo_base(&server.base_url());
+    gitlab.add_project("alice");
+    gitlab.set_repository("alice", &bare);
+    let serve = common::Serve::start(
+        common::workspace::SECRET,
+        &[],
+        &[
+            ("GITLAB_SERVICE_TOKEN", SERVICE_TOKEN),
+            ("GITLAB_GROUP_ID", &GROUP_ID.to_string()),
+            ("GITLAB_API_URL", &gitlab.api_url()),
+        ],
+        "true",
+    );
+    let laptop = serve.tmp.path().join("laptop");
+    testkit::git::init_repo(&laptop);
+    std::fs::write(laptop.join("a.txt"), "a\n").unwrap();
+    git(&laptop, ["add", "-A"]);
+    git(&laptop, ["commit", "-qm", "from the laptop"]);
+    git(
+        &laptop,
+        ["push", "-q", &serve.remote_url("alice"), "HEAD:main"],
+    );
+    let head = git(&laptop, ["rev-parse", "HEAD"]).trim().to_owned();
+
+    let link = {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
+            .args([
+                "login-link",
+                "--user",
+                "alice",
+                "--public-url",
+                &serve.url(""),
+            ])
+            .env_clear()
+            .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let (cookie, _) = sign_in(&link);
+    let (status, _, page) = get(&serve.url("/u/alice"), Some(&cookie));
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains(&format!("data-commit=\"{head}\"")), "{page}");
+    assert!(page.contains("from the laptop"), "{page}");
+    assert!(
+        page.contains(&format!("/{GROUP_PATH}/alice\""))
+            && page.contains("Open the project on GitLab"),
+        "{page}"
+    );
+    assert!(page.contains("No sandbox on this server"), "{page}");
+    assert!(
+        !page.contains("restore-version"),
+        "nothing to restore here: {page}"
+    );
+    // A save's diff is GitLab's commit page.
+    let (status, headers, _) = get(&serve.url(&format!("/u/alice/saves/{head}")), Some(&cookie));
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let location = headers.get(LOCATION).unwrap().to_str().unwrap();
+    assert!(
+        location.ends_with(&format!("/{GROUP_PATH}/alice/-/commit/{head}")),
+        "{location}"
+    );
+}
+
+#[test]
+fn a_sandboxs_watcher_is_supervised_and_serve_stops_it() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (cookie, _) = sign_in(&ws.link("alice", "15m"));
+    let (status, _, _) = get(&ws.serve.url("/u/alice"), Some(&cookie));
+    assert_eq!(status, StatusCode::OK);
+    let pid_file = ws.sandboxes.join("alice/watcher.pid");
+    let alive = |pid: &str| {
+        Path::new(&format!("/proc/{pid}/stat")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z")
+    };
+    let first = testkit::wait::until(DEADLINE, "the watcher running", || {
+        let pid = std::fs::read_to_string(&pid_file).ok()?;
+        alive(pid.trim()).then(|| pid.trim().to_owned())
+    });
+    // A crash (SIGKILL): the supervisor starts it again.
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &first])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let second = testkit::wait::until(DEADLINE, "a new watcher", || {
+        let pid = std::fs::read_to_string(&pid_file).ok()?;
+        let pid = pid.trim().to_owned();
+        (pid != first && alive(&pid)).then_some(pid)
+    });
+    ws.stop();
+    assert!(!alive(&second), "the watcher outlived serve");
+}
