@@ -656,13 +656,14 @@ async fn history<H: ProjectPages>(
     };
     let saves = web.history_of(&session.user).await;
     let csrf = web.sign_in.csrf(&session);
+    let status = web.statuses.status(session.user.as_str());
     html(
         StatusCode::OK,
         view::history_fragment(
             session.user.as_str(),
             &csrf,
             &saves,
-            web.backend.lifecycle().is_some(),
+            view::can_restore(status.as_ref(), web.backend.lifecycle().is_some()),
         ),
     )
 }
@@ -729,11 +730,12 @@ async fn restore_version<H: ProjectPages>(
             "That is not a save id.",
         );
     }
-    if web.backend.lifecycle().is_none() {
+    let status = web.statuses.status(session.user.as_str());
+    if !view::can_restore(status.as_ref(), web.backend.lifecycle().is_some()) {
         return message(
             StatusCode::CONFLICT,
-            "No sandbox here",
-            "This server does not run your sandbox.",
+            "Not now",
+            "Your sandbox is not up on this server: an earlier version can be restored once it is.",
         );
     }
     let user = session.user;

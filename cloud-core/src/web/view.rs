@@ -98,7 +98,7 @@ pub fn page(data: &PageData<'_>) -> Markup {
                 }
                 section #project { (project(data.project.as_ref())) }
                 section #history {
-                    (history_fragment(data.user, data.csrf, &data.history, data.sandboxes))
+                    (history_fragment(data.user, data.csrf, &data.history, can_restore(data.status, data.sandboxes)))
                 }
             }
             script src="/static/page.js" {}
@@ -233,13 +233,23 @@ fn kind_name(kind: SaveKind) -> &'static str {
     }
 }
 
-/// The saves, newest first, each opening its diff, with "Restore this version" when this
-/// server runs the user's sandbox.
+/// Whether "Restore this version" is offered: this server runs the user's sandbox, and it is
+/// up (not being made, nor waiting for its secrets).
+pub fn can_restore(status: Option<&SandboxStatus>, sandboxes: bool) -> bool {
+    sandboxes
+        && matches!(
+            status,
+            Some(SandboxStatus::Ready | SandboxStatus::Broken { .. })
+        )
+}
+
+/// The saves, newest first, each opening its diff, with "Restore this version" when
+/// `can_restore`.
 pub fn history_fragment(
     user: &str,
     csrf: &str,
     history: &Result<Vec<Save>, String>,
-    sandboxes: bool,
+    can_restore: bool,
 ) -> Markup {
     html! {
         h2 { "History" }
@@ -255,7 +265,7 @@ pub fn history_fragment(
                             span .kind { (kind_name(save.kind)) }
                             " "
                             a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
-                            @if sandboxes {
+                            @if can_restore {
                                 form .restore-version method="post" action={"/u/" (user) "/restore-version"} {
                                     input type="hidden" name="csrf" value=(csrf);
                                     input type="hidden" name="commit" value=(save.commit);
