@@ -293,6 +293,10 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_tail_and_a_save_rest
         client.find(Locator::XPath(&save)).await.ok()
     })
     .await;
+    // The watcher's first save lists its file; a laptop commit lists none (git says nothing
+    // without a diff per commit, and the diff is one click away).
+    let files = text_of(&client, "#saves li:last-child .files").await;
+    assert_eq!(files.as_deref(), Some("shmastra.json"));
     screenshot(&client, &ws, "history").await;
     client
         .find(Locator::XPath(&format!(

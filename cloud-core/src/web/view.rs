@@ -265,6 +265,10 @@ pub fn history_fragment(
                             span .kind { (kind_name(save.kind)) }
                             " "
                             a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
+                            @if !save.files.is_empty() {
+                                " "
+                                span .files { (save.files.join(", ")) }
+                            }
                             @if can_restore {
                                 form .restore-version method="post" action={"/u/" (user) "/restore-version"} {
                                     input type="hidden" name="csrf" value=(csrf);
