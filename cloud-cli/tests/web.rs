@@ -382,3 +382,36 @@ fn a_sandboxs_watcher_is_supervised_and_serve_stops_it() {
     ws.stop();
     assert!(!alive(&second), "the watcher outlived serve");
 }
+
+#[test]
+fn a_form_body_over_two_mib_is_refused_and_sandboxes_need_a_watcher() {
+    let ws = Workspace::start(&[], |_| {});
+    let (cookie, _) = sign_in(&ws.link("alice", "15m"));
+    let big = "x".repeat(3 << 20);
+    let (status, _) = post(
+        &ws.serve.url("/u/alice/restore-project"),
+        &cookie,
+        None,
+        &[("env.API_KEY", &big)],
+    );
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        !ws.serve.logs().contains(&big[..64]),
+        "the body reached a log"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream-dir"])
+        .arg(tmp.path().join("up"))
+        .arg("--sandboxes-dir")
+        .arg(tmp.path().join("sb"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--watcher-bin"), "{stderr}");
+}
