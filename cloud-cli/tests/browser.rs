@@ -188,9 +188,9 @@ async fn sign_in_expired_and_reused_links_and_another_users_page() {
 
     let link = ws.link("alice", "15m");
     client.goto(&link).await.unwrap();
+    wait_label(&client, "Ready").await;
     let url = client.current_url().await.unwrap();
     assert_eq!(url.path(), "/u/alice");
-    wait_label(&client, "Ready").await;
     let h1 = text_of(&client, "h1").await.unwrap();
     assert_eq!(h1, "Workspace of alice");
     // The cookie is HttpOnly: the page's scripts cannot read it.
@@ -203,6 +203,24 @@ async fn sign_in_expired_and_reused_links_and_another_users_page() {
     client.goto(&link).await.unwrap();
     let message = text_of(&client, "#message").await.unwrap();
     assert!(message.contains("already used"), "{message}");
+
+    // A link opened from another site (a mail, a chat): the session cookie is SameSite=Strict,
+    // and still the page opens signed in.
+    let from_elsewhere = ws.link("alice", "15m");
+    client
+        .goto(&format!(
+            "data:text/html,<a id=go href='{from_elsewhere}'>sign in</a>"
+        ))
+        .await
+        .unwrap();
+    client
+        .find(Locator::Id("go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_label(&client, "Ready").await;
 
     // bob signs in in the same browser and tries alice's page.
     client.goto(&ws.link("bob", "15m")).await.unwrap();

@@ -538,7 +538,7 @@ async fn login<H: ProjectPages>(
     if web.secure(&headers) {
         cookie.push_str("; Secure");
     }
-    let mut response = see_other(&format!("/u/{user}"));
+    let mut response = html(StatusCode::OK, view::signed_in_page(user.as_str()));
     response.headers_mut().insert(
         header::SET_COOKIE,
         HeaderValue::from_str(&cookie).expect("cookie is ASCII"),

@@ -84,6 +84,31 @@ pub fn message_page(title: &str, message: &str) -> Markup {
     )
 }
 
+/// The answer to a redeemed link: it goes on to the workspace by a refresh from this origin,
+/// not by an HTTP redirect. A link opened from a mail or a chat is a cross-site navigation, and
+/// a redirect inherits that: the browser would not send the `SameSite=Strict` cookie it just
+/// set. The refresh is a navigation this page starts, so the cookie goes with it.
+pub fn signed_in_page(user: &str) -> Markup {
+    let target = format!("/u/{user}");
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta http-equiv="refresh" content={"0; url=" (target)};
+                title { "Signed in" }
+                link rel="stylesheet" href="/static/page.css";
+            }
+            body {
+                main {
+                    h1 { "Signed in" }
+                    p #message { "Opening your workspace… " a href=(target) { "continue" } }
+                }
+            }
+        }
+    }
+}
+
 pub fn page(data: &PageData<'_>) -> Markup {
     layout(
         "Your workspace",
