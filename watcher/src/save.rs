@@ -42,6 +42,12 @@ pub enum SaveError {
     Io { path: PathBuf, source: io::Error },
     #[error("the save thread cannot run: {0}")]
     Thread(io::Error),
+    /// A git command holds the index (a `git commit` with its editor open): the save waits
+    /// for it as git would, and is tried again.
+    #[error(
+        "the git index is locked by another git command ({path}); saving waits until it is done"
+    )]
+    IndexLocked { path: PathBuf },
 }
 
 /// What one save did.
@@ -129,6 +135,10 @@ impl Saver {
     fn save_in_repository(&mut self, changes: &Changes) -> Result<Option<Committed>, SaveError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
         self.remove_stale_locks();
+        let index_lock = self.git_dir.join("index.lock");
+        if index_lock.exists() {
+            return Err(SaveError::IndexLocked { path: index_lock });
+        }
         let _marker = self.marker()?;
         let mut changes = changes.clone();
         if changes.env_changed {
