@@ -11,11 +11,11 @@ use std::fmt::Debug;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use cloud_core::manifest::Manifest;
-use cloud_core::proxy::pkt_line::encode;
-use cloud_core::proxy::report_status::{ReportParser, ReportState};
 use cloud_core::secrets::{RestoreForm, SecretValue, render_env};
 use cloud_core::token::TokenSigner;
 use cloud_core::user::UserId;
+use git_wire::pkt_line::encode;
+use git_wire::report_status::{ReportParser, ReportState};
 use hmac::{Hmac, Mac};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -580,7 +580,7 @@ fn a_report_built_from_pkt_lines_is_read_exactly_however_it_arrives() {
         0.4,
         |(spec, delivery)| {
             let (bytes, done) = spec.bytes();
-            let expected = ReportState::Done(cloud_core::proxy::report_status::Report {
+            let expected = ReportState::Done(git_wire::report_status::Report {
                 unpack_ok: spec.unpack_ok,
                 ok_refs: spec.refs_reported(true),
                 ng_refs: spec.refs_reported(false),
