@@ -4,6 +4,8 @@
 
 use std::cell::RefCell;
 
+use std::path::PathBuf;
+
 use git2::{Oid, PushOptions, Repository};
 
 use super::send_pack::{self, SendError, Sent};
@@ -96,22 +98,26 @@ impl GitRemote {
         }
     }
 
-    /// Pushes over HTTP(S) with the watcher's own receive-pack client.
-    fn send_pack(
-        &self,
-        repo: &Repository,
-        url: &str,
-        head: Oid,
-        dst: &str,
-    ) -> Result<(), PushFailure> {
-        let http = SmartHttp::new(
-            &crate::transport::client_settings(),
-            self.settings.token.clone(),
-        );
-        match send_pack::send(repo, &http, url, head, dst) {
+    /// The repository directory a path or `file://` remote names; a relative path is taken
+    /// from the project directory, where a person typing `git push` would be.
+    fn local_path(&self, url: &str) -> PathBuf {
+        let path = match url.strip_prefix("file://") {
+            Some(rest) => PathBuf::from(
+                percent_encoding::percent_decode_str(rest)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            ),
+            None => PathBuf::from(url),
+        };
+        self.settings.workdir.join(path)
+    }
+
+    /// The outcome of a push made with the watcher's own receive-pack client.
+    fn sent(&self, url: &str, result: Result<Sent, SendError>) -> Result<(), PushFailure> {
+        match result {
             Ok(Sent::UpToDate) => Ok(()),
             Ok(Sent::Updated { objects }) => {
-                tracing::debug!(%head, dst, objects, "pushed");
+                tracing::debug!(objects, "pushed");
                 Ok(())
             }
             Err(SendError::Transport(e)) => Err(self.network_failure(
@@ -243,9 +249,23 @@ impl Remote for GitRemote {
             .unwrap_or("")
             .to_owned();
         if is_http(&url) {
-            self.send_pack(&repo, &url, head, dst)?;
+            let http = SmartHttp::new(
+                &crate::transport::client_settings(),
+                self.settings.token.clone(),
+            );
+            let result = send_pack::send(&repo, &mut send_pack::Http::new(&http, &url), head, dst);
+            self.sent(&url, result)?;
         } else {
-            self.push_with_libgit2(remote, &url, head, dst)?;
+            match send_pack::Local::start(&self.local_path(&url)) {
+                Ok(mut local) => {
+                    let result = send_pack::send(&repo, &mut local, head, dst);
+                    self.sent(&url, result)?;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "git cannot run; pushing through libgit2");
+                    self.push_with_libgit2(remote, &url, head, dst)?;
+                }
+            }
         }
         self.record(&repo, head, dst)
     }

@@ -1,21 +1,25 @@
-//! The watcher's receive-pack client for `http(s)://` remotes, as git's `send-pack.c` and
-//! `remote-curl.c` speak it: `GET info/refs?service=git-receive-pack` (the refs and
-//! capabilities), then `POST git-receive-pack` with one command (`old new ref`, capabilities
-//! after a NUL), a flush and the pack, and the report-status read back (plain or inside
-//! side-band-64k: band 2 is what the server said, band 3 a fatal error).
+//! The watcher's receive-pack client, as git's `send-pack.c` speaks it: the advertisement (the
+//! refs and capabilities), then one command (`old new ref`, capabilities after a NUL), a flush
+//! and the pack, and the report-status read back (plain or inside side-band-64k: band 2 is
+//! what the server said, band 3 a fatal error). The pack holds only what [`super::objects`]
+//! finds: the new commits and what they changed.
 //!
-//! Both requests go through [`crate::smart_http`], so they carry the User-Agent with the
-//! watcher's tag, the operation's credentials (sent once, never after a refusal) and the
-//! timeouts that fail a stalled attempt; the pack streams to the server as it is written.
-//! The pack holds only what [`super::objects`] finds: the new commits and what they changed.
+//! Two conversations carry it. [`Http`], as git's `remote-curl.c`: `GET
+//! info/refs?service=git-receive-pack`, then `POST git-receive-pack`, both through
+//! [`crate::smart_http`], so they carry the User-Agent with the watcher's tag, the operation's
+//! credentials (sent once, never after a refusal) and the timeouts that fail a stalled attempt;
+//! the pack streams to the server as it is written. [`Local`], as git's local transport: `git
+//! receive-pack <dir>` on pipes, for a remote that is a path or a `file://` URL.
 
 use std::io::{self, Read, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use git_wire::advertisement::Advertisement;
 use git_wire::pkt_line::FLUSH;
 use git_wire::report_status::{RefUpdate, ReportParser, ReportState};
 use git2::Oid;
-use git2::transport::{Service, SmartSubtransport};
+use git2::transport::{Service, SmartSubtransport, SmartSubtransportStream};
 
 use crate::smart_http::SmartHttp;
 
@@ -80,15 +84,24 @@ pub(crate) enum Sent {
     Updated { objects: usize },
 }
 
-/// Pushes `head` to `dst` (a full ref name) at `url`, never forcing.
+/// One receive-pack conversation: the advertisement, then one request (commands, flush,
+/// pack) and its response.
+pub(crate) trait Conversation {
+    fn advertisement(&mut self) -> Result<Advertisement, SendError>;
+    /// Writes the next piece of the request.
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// Reads the response; the first call ends the request.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+/// Pushes `head` to `dst` (a full ref name) over `conversation`, never forcing.
 pub(crate) fn send(
     repo: &git2::Repository,
-    http: &SmartHttp,
-    url: &str,
+    conversation: &mut dyn Conversation,
     head: Oid,
     dst: &str,
 ) -> Result<Sent, SendError> {
-    let advertisement = advertisement(http, url)?;
+    let advertisement = conversation.advertisement()?;
     let old = advertisement.oid_of(dst).unwrap_or(ZERO_OID).to_owned();
     if old != ZERO_OID {
         let old_oid = Oid::from_str(&old).map_err(SendError::Local)?;
@@ -123,15 +136,12 @@ pub(crate) fn send(
         new_oid: head.to_string(),
         refname: dst.to_owned(),
     };
-    let mut stream = http
-        .action(url, Service::ReceivePack)
-        .map_err(|e| SendError::Transport(io::Error::other(e.message().to_owned())))?;
-    stream
-        .write_all(&[command.encode(Some(&capabilities)), FLUSH.to_vec()].concat())
+    conversation
+        .write(&[command.encode(Some(&capabilities)), FLUSH.to_vec()].concat())
         .map_err(SendError::Transport)?;
     let mut written: io::Result<()> = Ok(());
     let built = pack.foreach(|chunk| {
-        written = stream.write_all(chunk);
+        written = conversation.write(chunk);
         written.is_ok()
     });
     written.map_err(SendError::Transport)?;
@@ -140,7 +150,7 @@ pub(crate) fn send(
     let mut parser = ReportParser::new(sideband);
     let mut buf = vec![0u8; 16 << 10];
     loop {
-        let read = stream.read(&mut buf).map_err(SendError::Transport)?;
+        let read = conversation.read(&mut buf).map_err(SendError::Transport)?;
         if read == 0 {
             break;
         }
@@ -191,17 +201,212 @@ pub(crate) fn send(
     })
 }
 
-/// The refs and capabilities of the remote at `url`.
-fn advertisement(http: &SmartHttp, url: &str) -> Result<Advertisement, SendError> {
-    let mut stream = http
-        .action(url, Service::ReceivePackLs)
-        .map_err(|e| SendError::Transport(io::Error::other(e.message().to_owned())))?;
-    let mut body = Vec::new();
-    (&mut stream)
-        .take(MAX_ADVERTISEMENT)
-        .read_to_end(&mut body)
-        .map_err(SendError::Transport)?;
-    Advertisement::parse(&body).map_err(|e| SendError::Protocol(e.to_string()))
+/// The conversation with a smart-HTTP server: `GET info/refs`, then one `POST`, both made
+/// by [`SmartHttp`] (User-Agent, credentials, timeouts, redirects within the origin).
+pub(crate) struct Http<'a> {
+    http: &'a SmartHttp,
+    url: &'a str,
+    post: Option<Box<dyn SmartSubtransportStream>>,
+}
+
+impl<'a> Http<'a> {
+    pub(crate) fn new(http: &'a SmartHttp, url: &'a str) -> Self {
+        Self {
+            http,
+            url,
+            post: None,
+        }
+    }
+
+    fn post(&mut self) -> io::Result<&mut Box<dyn SmartSubtransportStream>> {
+        if self.post.is_none() {
+            let stream = self
+                .http
+                .action(self.url, Service::ReceivePack)
+                .map_err(|e| io::Error::other(e.message().to_owned()))?;
+            self.post = Some(stream);
+        }
+        Ok(self.post.as_mut().expect("just set"))
+    }
+}
+
+impl Conversation for Http<'_> {
+    fn advertisement(&mut self) -> Result<Advertisement, SendError> {
+        let mut stream = self
+            .http
+            .action(self.url, Service::ReceivePackLs)
+            .map_err(|e| SendError::Transport(io::Error::other(e.message().to_owned())))?;
+        let mut body = Vec::new();
+        (&mut stream)
+            .take(MAX_ADVERTISEMENT)
+            .read_to_end(&mut body)
+            .map_err(SendError::Transport)?;
+        Advertisement::parse(&body).map_err(|e| SendError::Protocol(e.to_string()))
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.post()?.write_all(bytes)
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.post()?.read(buf)
+    }
+}
+
+/// The conversation with a repository on this machine: `git receive-pack <dir>` on pipes, as
+/// git's own local transport runs it (without the caller's repository variables).
+pub(crate) struct Local {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Option<ChildStdout>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Local {
+    /// Starts `git receive-pack` for `dir`; an error when git cannot be run.
+    pub(crate) fn start(dir: &Path) -> io::Result<Self> {
+        let mut command = Command::new("git");
+        command
+            .arg("receive-pack")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for variable in LOCAL_REPO_ENV {
+            command.env_remove(variable);
+        }
+        let mut child = command.spawn()?;
+        let (Some(stdin), Some(stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::other(
+                "git receive-pack started without its pipes",
+            ));
+        };
+        // Drained on a thread so a talkative hook never blocks the child on a full pipe; the
+        // first bytes are kept for messages.
+        let stderr = std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let room = git_wire::report_status::MAX_SAID.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+            String::from_utf8_lossy(&kept).into_owned()
+        });
+        Ok(Self {
+            child,
+            stdin: Some(stdin),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        })
+    }
+
+    /// What git printed on stderr so far, once it has exited (or nothing).
+    fn stderr_text(&mut self) -> String {
+        self.stdin = None;
+        self.stdout = None;
+        let _ = self.child.wait();
+        self.stderr
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Local {
+    fn stdout(&mut self) -> Result<&mut ChildStdout, SendError> {
+        self.stdout
+            .as_mut()
+            .ok_or_else(|| SendError::Protocol("git receive-pack already ended".to_owned()))
+    }
+}
+
+/// The variables that name the caller's repository, which a child git working on another
+/// repository must not see (git's `local_repo_env`).
+const LOCAL_REPO_ENV: [&str; 9] = [
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+    "GIT_SHALLOW_FILE",
+];
+
+impl Conversation for Local {
+    fn advertisement(&mut self) -> Result<Advertisement, SendError> {
+        // The child keeps its stdout open: read packets up to the flush that ends the refs.
+        let mut body = Vec::new();
+        loop {
+            let mut header = [0u8; 4];
+            if let Err(e) = self.stdout()?.read_exact(&mut header) {
+                let said = self.stderr_text();
+                return Err(SendError::Transport(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "git receive-pack ended before its advertisement: {}",
+                        said.trim()
+                    ),
+                )));
+            }
+            body.extend_from_slice(&header);
+            let len = std::str::from_utf8(&header)
+                .ok()
+                .and_then(|h| usize::from_str_radix(h, 16).ok())
+                .ok_or_else(|| SendError::Protocol("a malformed pkt-line length".to_owned()))?;
+            if len == 0 {
+                break;
+            }
+            if len < 4 || body.len() as u64 > MAX_ADVERTISEMENT {
+                return Err(SendError::Protocol("a malformed advertisement".to_owned()));
+            }
+            let start = body.len();
+            body.resize(start + len - 4, 0);
+            self.stdout()?
+                .read_exact(&mut body[start..])
+                .map_err(SendError::Transport)?;
+        }
+        Advertisement::parse(&body).map_err(|e| SendError::Protocol(e.to_string()))
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match &mut self.stdin {
+            Some(stdin) => stdin.write_all(bytes),
+            None => Err(io::Error::other("the request already ended")),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stdin = None;
+        self.stdout()
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?
+            .read(buf)
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        // A conversation that ends early (up to date, non-fast-forward, an error) ends the
+        // child's command list with a flush, as git does; it then exits on its own.
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(FLUSH);
+        }
+        // Whatever it still says after the report (a post-receive hook's output) goes nowhere
+        // rather than filling a pipe nobody reads.
+        self.stdout = None;
+        let _ = self.child.wait();
+        if let Some(stderr) = self.stderr.take() {
+            let _ = stderr.join();
+        }
+    }
 }
 
 /// The capabilities the push asks for, of those the server offers, as `send-pack.c` picks
