@@ -20,7 +20,7 @@ pub fn run() -> Result<()> {
         "build",
         "-q",
         "-p",
-        "cloud-core",
+        "shmastra-cloud",
         "-p",
         "project-watcher",
         "--bins",
