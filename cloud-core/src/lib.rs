@@ -11,6 +11,7 @@ pub mod proxy;
 pub mod sandbox;
 pub mod secrets;
 pub mod serve;
+pub mod store;
 pub mod sync_queue;
 pub mod token;
 pub mod user;
