@@ -37,7 +37,7 @@ enum Command {
     Token(TokenCommand),
     /// The git proxy (/api/git), the GitLab push webhook (/api/gitlab/webhook) and /healthz.
     /// Reads SHMASTRA_TOKEN_SECRET, GITLAB_WEBHOOK_SECRET and the GitLab settings.
-    Serve(serve_command::ServeArgs),
+    Serve(Box<serve_command::ServeArgs>),
 }
 
 #[derive(Subcommand)]
@@ -98,7 +98,7 @@ async fn main() -> ExitCode {
         Command::Token(TokenCommand::Mint { user }) => token_commands::mint(&user),
         Command::Token(TokenCommand::Revoke { user }) => token_commands::revoke(&user, false),
         Command::Token(TokenCommand::Rotate { user }) => token_commands::revoke(&user, true),
-        Command::Serve(args) => serve_command::run(args).await,
+        Command::Serve(args) => serve_command::run(*args).await,
     };
     outcome::report(outcome, cli.json)
 }

@@ -60,6 +60,14 @@ pub struct ServeArgs {
     /// How many --on-external-push runs (each for a different user) go on at once.
     #[arg(long, default_value_t = 4)]
     pub parallel_syncs: usize,
+    /// PostgreSQL for the state every replica shares (sync jobs, recent pushes, webhook
+    /// deliveries, statuses, token revocations); without it, in-process state for one replica.
+    #[arg(long, env = "DATABASE_URL", value_name = "URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// How long a replica's claim on a sync job holds without renewal: the job of a replica
+    /// that died mid-run is run by another within this time.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub sync_lease: Duration,
 }
 
 pub async fn run(args: ServeArgs) -> Outcome {
@@ -90,6 +98,17 @@ pub async fn run(args: ServeArgs) -> Outcome {
             "--max-requests, --max-requests-per-user and --max-connections must be at least 1"
         )));
     }
+    if args.sync_lease < Duration::from_millis(300) {
+        return Err(Failure::config(anyhow::anyhow!(
+            "--sync-lease must be at least 300ms (it is renewed every third of it)"
+        )));
+    }
+    let database = args
+        .database_url
+        .filter(|url| !url.is_empty())
+        .map(|url| cloud_core::store::postgres::pool(&url))
+        .transpose()
+        .map_err(Failure::config)?;
     let config = ServeConfig {
         listen: args.listen,
         upstream,
@@ -111,6 +130,8 @@ pub async fn run(args: ServeArgs) -> Outcome {
         allow_history_rewrite: args.allow_history_rewrite,
         sync_env: args.sync_env,
         parallel_syncs: args.parallel_syncs,
+        database,
+        sync_lease: args.sync_lease,
     };
     let mut terminate = signal(SignalKind::terminate())
         .context("installing the SIGTERM handler")

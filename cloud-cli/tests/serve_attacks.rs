@@ -833,7 +833,10 @@ fn one_users_push_volume_never_delays_another_users_sync() {
         .filter(|e| e.starts_with("alice "))
         .collect();
     assert_eq!(alice_runs.len(), 2, "{alice_runs:?}");
-    assert!(serve.logs().contains("one more run follows it"));
+    assert!(
+        alice_runs[1].starts_with("alice refs/heads/b29 "),
+        "the extra run has the newest push: {alice_runs:?}"
+    );
 }
 
 /// The de-duplication memory was one global list of 4096 updates, recorded when the commands

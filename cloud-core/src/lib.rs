@@ -12,7 +12,6 @@ pub mod sandbox;
 pub mod secrets;
 pub mod serve;
 pub mod store;
-pub mod sync_queue;
 pub mod token;
 pub mod user;
 pub mod webhook;

@@ -95,7 +95,11 @@ suite!(
 
 async fn events_during_a_run_give_exactly_one_more_run_with_the_newest_push(r: Replicas) {
     r.a.enqueue(push("alice", 1)).await.unwrap();
-    let first = r.a.claim("a#1".into(), LEASE).await.unwrap().expect("a job");
+    let first =
+        r.a.claim("a#1".into(), LEASE)
+            .await
+            .unwrap()
+            .expect("a job");
     assert_eq!(first.push, push("alice", 1));
     for n in 2..=5 {
         r.b.enqueue(push("alice", n)).await.unwrap();
@@ -106,7 +110,11 @@ async fn events_during_a_run_give_exactly_one_more_run_with_the_newest_push(r: R
         "alice's job is held by a's run"
     );
     assert!(r.a.finish(first).await.unwrap());
-    let second = r.b.claim("b#2".into(), LEASE).await.unwrap().expect("one more run");
+    let second =
+        r.b.claim("b#2".into(), LEASE)
+            .await
+            .unwrap()
+            .expect("one more run");
     assert_eq!(second.push, push("alice", 5), "the newest push");
     assert!(r.b.finish(second).await.unwrap());
     assert_eq!(
@@ -119,7 +127,11 @@ async fn events_during_a_run_give_exactly_one_more_run_with_the_newest_push(r: R
 async fn a_lost_lease_lets_another_replica_run_the_job(r: Replicas) {
     let short = Duration::from_millis(400);
     r.a.enqueue(push("alice", 1)).await.unwrap();
-    let dead = r.a.claim("a#1".into(), short).await.unwrap().expect("a job");
+    let dead =
+        r.a.claim("a#1".into(), short)
+            .await
+            .unwrap()
+            .expect("a job");
     assert_eq!(r.b.claim("b#1".into(), LEASE).await.unwrap(), None);
     // Replica a dies here: no renewal, no finish.
     let taken = until_async(Duration::from_secs(10), "b to take the job a owed", || {
@@ -129,8 +141,15 @@ async fn a_lost_lease_lets_another_replica_run_the_job(r: Replicas) {
     .await;
     assert_eq!(taken.push, push("alice", 1), "the job a owed is run by b");
     assert!(!r.a.renew(dead.clone(), LEASE).await.unwrap(), "a lost it");
-    assert!(!r.a.finish(dead).await.unwrap(), "a's finish changes nothing");
-    assert_eq!(r.a.claim("a#2".into(), LEASE).await.unwrap(), None, "b holds it");
+    assert!(
+        !r.a.finish(dead).await.unwrap(),
+        "a's finish changes nothing"
+    );
+    assert_eq!(
+        r.a.claim("a#2".into(), LEASE).await.unwrap(),
+        None,
+        "b holds it"
+    );
     assert!(r.b.renew(taken.clone(), LEASE).await.unwrap());
     assert!(r.b.finish(taken).await.unwrap());
 }
@@ -138,23 +157,36 @@ async fn a_lost_lease_lets_another_replica_run_the_job(r: Replicas) {
 async fn one_users_volume_never_starves_another(r: Replicas) {
     r.a.enqueue(push("alice", 0)).await.unwrap();
     r.b.enqueue(push("bob", 0)).await.unwrap();
-    let alice = r.a.claim("a#1".into(), LEASE).await.unwrap().expect("a job");
+    let alice =
+        r.a.claim("a#1".into(), LEASE)
+            .await
+            .unwrap()
+            .expect("a job");
     assert_eq!(alice.push.user, user("alice"), "the oldest first");
     assert!(r.a.finish(alice).await.unwrap());
     for n in 1..200 {
         r.a.enqueue(push("alice", n)).await.unwrap();
     }
-    let next = r.b.claim("b#1".into(), LEASE).await.unwrap().expect("a job");
-    assert_eq!(next.push.user, user("bob"), "bob asked before alice's burst");
-    let only_alice = r
-        .a
-        .claim_user(user("alice"), "a#2".into(), LEASE)
-        .await
-        .unwrap()
-        .expect("alice's job");
+    let next =
+        r.b.claim("b#1".into(), LEASE)
+            .await
+            .unwrap()
+            .expect("a job");
+    assert_eq!(
+        next.push.user,
+        user("bob"),
+        "bob asked before alice's burst"
+    );
+    let only_alice =
+        r.a.claim_user(user("alice"), "a#2".into(), LEASE)
+            .await
+            .unwrap()
+            .expect("alice's job");
     assert_eq!(only_alice.push, push("alice", 199));
     assert_eq!(
-        r.a.claim_user(user("bob"), "a#3".into(), LEASE).await.unwrap(),
+        r.a.claim_user(user("bob"), "a#3".into(), LEASE)
+            .await
+            .unwrap(),
         None,
         "bob's job is held"
     );
@@ -205,21 +237,39 @@ async fn recent_pushes_are_bounded_per_user(r: Replicas) {
     for n in 0..total {
         r.a.record_push(push("alice", n)).await.unwrap();
     }
-    assert!(!r.b.push_seen(push("alice", 0)).await.unwrap(), "oldest forgotten");
+    assert!(
+        !r.b.push_seen(push("alice", 0)).await.unwrap(),
+        "oldest forgotten"
+    );
     assert!(!r.b.push_seen(push("alice", 9)).await.unwrap());
     assert!(r.b.push_seen(push("alice", 10)).await.unwrap());
     assert!(r.b.push_seen(push("alice", total - 1)).await.unwrap());
-    assert!(!r.b.push_seen(push("alice", total)).await.unwrap(), "never seen");
-    assert!(r.b.push_seen(push("bob", 7)).await.unwrap(), "alice's volume never evicts bob's");
+    assert!(
+        !r.b.push_seen(push("alice", total)).await.unwrap(),
+        "never seen"
+    );
+    assert!(
+        r.b.push_seen(push("bob", 7)).await.unwrap(),
+        "alice's volume never evicts bob's"
+    );
     r.b.record_push(push("alice", 10)).await.unwrap();
-    assert!(r.a.push_seen(push("alice", 10)).await.unwrap(), "recording again refreshes");
+    assert!(
+        r.a.push_seen(push("alice", 10)).await.unwrap(),
+        "recording again refreshes"
+    );
 }
 
 async fn a_webhook_delivery_is_handled_once(r: Replicas) {
     let ids = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert!(r.a.first_delivery(ids(&["key-1", "uuid-1"])).await.unwrap());
-    assert!(!r.b.first_delivery(ids(&["key-1"])).await.unwrap(), "a retry");
-    assert!(!r.b.first_delivery(ids(&["key-2", "uuid-1"])).await.unwrap(), "another hook of the event");
+    assert!(
+        !r.b.first_delivery(ids(&["key-1"])).await.unwrap(),
+        "a retry"
+    );
+    assert!(
+        !r.b.first_delivery(ids(&["key-2", "uuid-1"])).await.unwrap(),
+        "another hook of the event"
+    );
     assert!(r.a.first_delivery(ids(&["key-3"])).await.unwrap());
 }
 
@@ -227,7 +277,9 @@ async fn statuses_are_read_and_followed_from_every_replica(r: Replicas) {
     let mut follow = r.b.status_changes();
     assert_eq!(r.b.status("sb-1".into()).await.unwrap(), None);
     let before = SystemTime::now() - Duration::from_secs(1);
-    r.a.set_status("sb-1".into(), SandboxStatus::Syncing).await.unwrap();
+    r.a.set_status("sb-1".into(), SandboxStatus::Syncing)
+        .await
+        .unwrap();
     let broken = SandboxStatus::Broken {
         failure: "step: install\nnpm ERR!".into(),
     };
@@ -271,5 +323,10 @@ async fn token_generations_move_forward_per_user(r: Replicas) {
     let all = r.b.token_generations_since(0).await.unwrap();
     assert_eq!(all.len(), 1);
     assert_eq!((all[0].0.clone(), all[0].1), (user("alice"), 2));
-    assert!(r.a.token_generations_since(all[0].2).await.unwrap().is_empty());
+    assert!(
+        r.a.token_generations_since(all[0].2)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -73,7 +73,14 @@ impl Postgres {
     pub fn stop(&self) {
         self.run(
             "pg_ctl",
-            &["-D", &self.data.display().to_string(), "-m", "immediate", "-w", "stop"],
+            &[
+                "-D",
+                &self.data.display().to_string(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
         );
     }
 
@@ -121,10 +128,16 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         let mut cmd = Command::new(self.bin.join("pg_ctl"));
-        cmd.args(["-D", &self.data.display().to_string(), "-m", "immediate", "stop"])
-            .current_dir("/")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+        cmd.args([
+            "-D",
+            &self.data.display().to_string(),
+            "-m",
+            "immediate",
+            "stop",
+        ])
+        .current_dir("/")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
         if let Some((uid, gid)) = self.owner {
             cmd.uid(uid).gid(gid);
         }

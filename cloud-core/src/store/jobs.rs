@@ -72,7 +72,10 @@ impl SyncJobs {
     }
 
     fn database(&self, result: Result<(), &StoreError>) {
-        let mut state = self.database_error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self
+            .database_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         match result {
             Ok(()) => {
                 if state.take().is_some() {

@@ -59,12 +59,7 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn claim_where(
-        &self,
-        only: Option<&UserId>,
-        owner: String,
-        lease: Duration,
-    ) -> Option<Claim> {
+    fn claim_where(&self, only: Option<&UserId>, owner: String, lease: Duration) -> Option<Claim> {
         let now = Instant::now();
         let mut state = self.lock();
         let (_, job) = state

@@ -34,14 +34,12 @@ const MIGRATION_LOCK: i64 = 0x5348_4d41_5354_5241;
 
 /// A pool of connections to `url` with this store's timeouts.
 pub fn pool(url: &str) -> Result<Pool, StoreError> {
-    let mut config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|e: tokio_postgres::Error| StoreError::Unavailable(format!("bad database URL: {e}")))?;
-    config
-        .connect_timeout(CONNECT_TIMEOUT)
-        .options(format!(
-            "-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
-        ));
+    let mut config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+        StoreError::Unavailable(format!("bad database URL: {e}"))
+    })?;
+    config.connect_timeout(CONNECT_TIMEOUT).options(format!(
+        "-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
+    ));
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -128,7 +126,10 @@ impl PostgresStore {
         let after = {
             let client = pool.get().await.map_err(unavailable)?;
             let row = client
-                .query_one("SELECT coalesce(max(version), 0) AS v FROM sandbox_statuses", &[])
+                .query_one(
+                    "SELECT coalesce(max(version), 0) AS v FROM sandbox_statuses",
+                    &[],
+                )
                 .await
                 .map_err(query_error)?;
             row.get::<_, i64>("v")
@@ -412,8 +413,13 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(query_error)?;
-            row.map(|row| Ok((status_of(row.get("status"))?, from_millis(row.get("changed_at")))))
-                .transpose()
+            row.map(|row| {
+                Ok((
+                    status_of(row.get("status"))?,
+                    from_millis(row.get("changed_at")),
+                ))
+            })
+            .transpose()
         })
     }
 
@@ -472,7 +478,11 @@ impl Store for PostgresStore {
                         what: "user id",
                         message: e.to_string(),
                     })?;
-                    Ok((user, row.get::<_, i64>(1).unsigned_abs(), row.get::<_, i64>(2)))
+                    Ok((
+                        user,
+                        row.get::<_, i64>(1).unsigned_abs(),
+                        row.get::<_, i64>(2),
+                    ))
                 })
                 .collect()
         })
