@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use cloud_core::UserId;
+use cloud_core::orchestrate::StatusSink;
 use cloud_core::orchestrate::{ProvisionStep, SandboxStatus};
 use cloud_core::proxy::ExternalPush;
 use cloud_core::store::memory::MemoryStore;
 use cloud_core::store::postgres::{PostgresStore, pool};
-use cloud_core::store::{REMEMBERED_PUSHES_PER_USER, Store};
+use cloud_core::store::{REMEMBERED_PUSHES_PER_USER, Store, StoreStatusSink};
 use testkit::postgres::Postgres;
 use testkit::wait::until_async;
 
@@ -91,6 +92,7 @@ suite!(
     a_webhook_delivery_is_handled_once,
     statuses_are_read_and_followed_from_every_replica,
     token_generations_move_forward_per_user,
+    a_status_sink_writes_every_change_in_order,
 );
 
 async fn events_during_a_run_give_exactly_one_more_run_with_the_newest_push(r: Replicas) {
@@ -329,4 +331,28 @@ async fn token_generations_move_forward_per_user(r: Replicas) {
             .unwrap()
             .is_empty()
     );
+}
+
+async fn a_status_sink_writes_every_change_in_order(r: Replicas) {
+    let sink = StoreStatusSink::new(r.a.clone());
+    sink.set_status("sb-9", SandboxStatus::Syncing);
+    let needs = SandboxStatus::NeedsSecrets {
+        names: vec!["API_KEY".into()],
+    };
+    sink.set_status("sb-9", needs.clone());
+    sink.set_status("sb-8", SandboxStatus::Ready);
+    until_async(
+        Duration::from_secs(10),
+        "the sink's writes on the other replica",
+        || {
+            let b = r.b.clone();
+            let needs = needs.clone();
+            async move {
+                let nine = b.status("sb-9".into()).await.unwrap().map(|(s, _)| s);
+                let eight = b.status("sb-8".into()).await.unwrap().map(|(s, _)| s);
+                (nine == Some(needs) && eight == Some(SandboxStatus::Ready)).then_some(())
+            }
+        },
+    )
+    .await;
 }

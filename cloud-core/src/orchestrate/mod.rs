@@ -9,6 +9,7 @@
 pub mod coalesce;
 pub mod history;
 pub mod lifecycle;
+mod queued;
 pub mod recovery;
 
 use std::future::Future;

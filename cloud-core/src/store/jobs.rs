@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{Claim, Store, StoreError, claim_owner};
+use super::{Claim, Store, StoreError, claim_owner, run_holding};
 use crate::proxy::ExternalPush;
 
 /// How often a worker with nothing to do looks for jobs (other replicas' events, leases that
@@ -186,28 +186,10 @@ impl SyncJobs {
     {
         let user = claim.push.user.clone();
         tracing::info!(%user, owner = %claim.owner, new_oid = %claim.push.new_oid, "sync job claimed");
-        let mut held_until = Instant::now() + self.lease;
-        let running = run(claim.push.clone());
-        tokio::pin!(running);
-        let mut renew = tokio::time::interval(self.lease / 3);
-        renew.tick().await;
-        loop {
-            tokio::select! {
-                () = &mut running => break,
-                _ = renew.tick() => match self.store.renew(claim.clone(), self.lease).await {
-                    Ok(true) => held_until = Instant::now() + self.lease,
-                    Ok(false) => {
-                        tracing::error!(%user, "the sync job's lease was lost; stopping this run");
-                        return;
-                    }
-                    Err(e) if Instant::now() >= held_until => {
-                        tracing::error!(%user, error = %e, "the sync job's lease cannot be renewed and ran out; stopping this run");
-                        return;
-                    }
-                    Err(e) => tracing::warn!(%user, error = %e, "cannot renew the sync job's lease yet"),
-                },
-            }
+        if !run_holding(&*self.store, &claim, self.lease, run(claim.push.clone())).await {
+            return;
         }
+        let held_until = Instant::now() + self.lease;
         loop {
             match self.store.finish(claim.clone()).await {
                 Ok(true) => return,

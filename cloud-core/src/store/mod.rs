@@ -191,3 +191,36 @@ impl StatusSink for StoreStatusSink {
 fn from_millis(ms: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or_default())
 }
+
+/// Runs `run` while renewing `claim` every third of `lease`. `false`: the lease was lost first
+/// (the store gave the job up, or could not be reached until the lease ran out), and `run` was
+/// dropped unfinished, since another runner may hold the job now.
+pub async fn run_holding(
+    store: &dyn Store,
+    claim: &Claim,
+    lease: Duration,
+    run: impl std::future::Future<Output = ()>,
+) -> bool {
+    let user = &claim.push.user;
+    tokio::pin!(run);
+    let mut held_until = tokio::time::Instant::now() + lease;
+    let mut renew = tokio::time::interval(lease / 3);
+    renew.tick().await;
+    loop {
+        tokio::select! {
+            () = &mut run => return true,
+            _ = renew.tick() => match store.renew(claim.clone(), lease).await {
+                Ok(true) => held_until = tokio::time::Instant::now() + lease,
+                Ok(false) => {
+                    tracing::error!(%user, "the sync job's lease was lost; stopping this run");
+                    return false;
+                }
+                Err(e) if tokio::time::Instant::now() >= held_until => {
+                    tracing::error!(%user, error = %e, "the sync job's lease cannot be renewed and ran out; stopping this run");
+                    return false;
+                }
+                Err(e) => tracing::warn!(%user, error = %e, "cannot renew the sync job's lease yet"),
+            },
+        }
+    }
+}
