@@ -103,6 +103,14 @@ pub async fn run(args: ServeArgs) -> Outcome {
             "--sync-lease must be at least 300ms (it is renewed every third of it)"
         )));
     }
+    if args.database_url.as_ref().is_some_and(|u| !u.is_empty())
+        && std::env::var_os(cloud_core::token::TOKEN_STATE_ENV).is_some_and(|d| !d.is_empty())
+    {
+        return Err(Failure::config(anyhow::anyhow!(
+            "both --database-url and {} are set: token generations live in one place; unset one",
+            cloud_core::token::TOKEN_STATE_ENV
+        )));
+    }
     let database = args
         .database_url
         .filter(|url| !url.is_empty())

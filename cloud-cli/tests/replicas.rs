@@ -375,3 +375,62 @@ fn replicas_share_one_queue_through_crashes_and_a_database_restart() {
         );
     }
 }
+
+/// `token revoke` against the database: every replica refuses the old token within seconds,
+/// and `token rotate`'s new one works on every replica.
+#[test]
+fn a_revocation_reaches_every_replica_within_seconds() {
+    let db = Postgres::start();
+    let up = tempfile::tempdir().expect("tempdir");
+    let work = tempfile::tempdir().expect("tempdir");
+    let runs = work.path().join("runs");
+    let mut cluster = Cluster {
+        db,
+        up,
+        runs,
+        replicas: Vec::new(),
+        work,
+    };
+    for _ in 0..2 {
+        let replica = cluster.replica();
+        cluster.replicas.push(replica);
+    }
+    let token = |action: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
+            .args(["token", action, "--user", "alice"])
+            .env_clear()
+            .env("SHMASTRA_TOKEN_SECRET", SECRET)
+            .env("DATABASE_URL", cluster.db.url())
+            .output()
+            .expect("shmastra-cloud token");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let first = token("mint");
+    let ls_remote = |replica: usize, token: &str| {
+        let url = format!(
+            "http://x:{token}@{}/api/git/alice.git",
+            cluster.replicas[replica].addr
+        );
+        testkit::git::git_output(cluster.work.path(), ["ls-remote", &url])
+            .status
+            .success()
+    };
+    assert!(ls_remote(0, &first) && ls_remote(1, &first));
+    let second = token("rotate");
+    assert_ne!(first, second);
+    for replica in 0..2 {
+        wait::until(Duration::from_secs(5), "the old token refused", || {
+            (!ls_remote(replica, &first)).then_some(())
+        });
+        assert!(
+            ls_remote(replica, &second),
+            "the new token works on replica {replica}"
+        );
+    }
+    assert_eq!(token("mint"), second, "mint prints the current generation");
+}
