@@ -206,3 +206,95 @@ impl SyncJobs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::UserId;
+    use crate::store::memory::MemoryStore;
+
+    fn push(user: &str, n: u32) -> ExternalPush {
+        ExternalPush {
+            user: UserId::parse(user).expect("valid"),
+            refname: "refs/heads/main".into(),
+            new_oid: format!("{n:040x}"),
+        }
+    }
+
+    /// Starts `jobs` with runs of 10 s that record `user oid` when they start.
+    fn start(jobs: &Arc<SyncJobs>, parallel: usize) -> (JoinSet<()>, Arc<Mutex<Vec<String>>>) {
+        let started: Arc<Mutex<Vec<String>>> = Arc::default();
+        let record = started.clone();
+        let tasks = jobs.start(parallel, move |push: ExternalPush| {
+            let record = record.clone();
+            async move {
+                record
+                    .lock()
+                    .unwrap()
+                    .push(format!("{} {}", push.user, &push.new_oid[38..]));
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+        });
+        (tasks, started)
+    }
+
+    async fn until_started(started: &Mutex<Vec<String>>, n: usize) {
+        while started.lock().unwrap().len() < n {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_during_a_run_give_exactly_one_more_run_with_the_newest() {
+        let jobs = SyncJobs::new(
+            Arc::new(MemoryStore::new()),
+            "r".into(),
+            Duration::from_secs(3),
+        );
+        let (_tasks, started) = start(&jobs, 2);
+        jobs.submit(push("alice", 1));
+        until_started(&started, 1).await;
+        for n in 2..=5 {
+            jobs.submit(push("alice", n));
+        }
+        jobs.submit(push("bob", 7));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let mut runs = started.lock().unwrap().clone();
+        runs.sort();
+        assert_eq!(runs, ["alice 01", "alice 05", "bob 07"]);
+        assert_eq!(jobs.degraded(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_longer_than_its_lease_keeps_it_and_a_lost_lease_stops_the_run() {
+        let store = Arc::new(MemoryStore::new());
+        let lease = Duration::from_secs(3);
+        store.enqueue(push("alice", 1)).await.unwrap();
+        let claim = store.claim("a#1".into(), lease).await.unwrap().unwrap();
+        let long = tokio::time::sleep(Duration::from_secs(10));
+        let checker = async {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                assert_eq!(store.claim("b#1".into(), lease).await.unwrap(), None);
+            }
+        };
+        let (held, ()) = tokio::join!(run_holding(&*store, &claim, lease, long), checker);
+        assert!(held, "renewed past three leases");
+        assert!(store.finish(claim).await.unwrap());
+
+        store.enqueue(push("alice", 2)).await.unwrap();
+        let claim = store.claim("a#2".into(), lease).await.unwrap().unwrap();
+        let start = Instant::now();
+        let taken = async {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            // Another runner takes the job (as after a lease ran out).
+            assert!(store.finish(claim.clone()).await.unwrap());
+            store.enqueue(push("alice", 3)).await.unwrap();
+            store.claim("b#2".into(), lease).await.unwrap().unwrap()
+        };
+        let forever = tokio::time::sleep(Duration::from_secs(3600));
+        let (held, _) = tokio::join!(run_holding(&*store, &claim, lease, forever), taken);
+        assert!(!held, "the lost lease stopped the run");
+        assert!(start.elapsed() <= Duration::from_secs(4) + lease / 3);
+    }
+}
