@@ -74,6 +74,6 @@ impl Generations for StoreGenerations {
     /// Revocation goes through the store's async [`Store::bump_token_generation`] (the
     /// `token revoke` command); this copy only follows it.
     fn bump(&self, _user: &UserId) -> Result<u64, GenerationError> {
-        Err(GenerationError::NoStore)
+        Err(GenerationError::InDatabase)
     }
 }
