@@ -172,8 +172,10 @@ pub async fn serve(
         }
         None => (Arc::new(|_| {}) as OnExternalPush, None),
     };
+    // In one process the proxy's and the webhook's own bounded memories are the whole truth;
+    // only a database adds anything for them.
     let shared = Shared {
-        store: Some(store),
+        store: config.database.is_some().then_some(store),
         jobs: Some(jobs),
     };
     let (app, children) = app_with_children(&config, on_external_push, shared)?;
@@ -264,7 +266,8 @@ pub fn app(config: &ServeConfig, on_external_push: OnExternalPush) -> Result<Rou
     app_with_children(config, on_external_push, Shared::default()).map(|(app, _)| app)
 }
 
-/// What the routes share with the other replicas: the store and this replica's job queue.
+/// What the routes share with the other replicas: the database store (none in one process)
+/// and this replica's job queue.
 #[derive(Default)]
 struct Shared {
     store: Option<Arc<dyn Store>>,
