@@ -10,6 +10,8 @@ use cloud_core::config::Config;
 use cloud_core::proxy::ProxyLimits;
 use cloud_core::serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, serve};
 use cloud_core::token::TokenSigner;
+use cloud_core::web::WebConfig;
+use cloud_core::web::sandboxes::{LocalSandboxes, watcher_on_path};
 use cloud_core::webhook::{WEBHOOK_SECRET_ENV, webhook_secret};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
@@ -68,6 +70,19 @@ pub struct ServeArgs {
     /// that died mid-run is run by another within this time.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_lease: Duration,
+    /// Run each user's sandbox on this machine, at DIR/<user>, with the watcher in it.
+    #[arg(long, value_name = "DIR")]
+    pub sandboxes_dir: Option<PathBuf>,
+    /// The project-watcher binary the sandboxes run (default: from PATH).
+    #[arg(long, value_name = "PATH")]
+    pub watcher_bin: Option<PathBuf>,
+    /// The dependency install command of a sandbox's sync (default: the lock file's manager).
+    #[arg(long, value_name = "CMD")]
+    pub install_cmd: Option<String>,
+    /// Where people reach this server (https://cloud.example): sign-in links, the clone URL,
+    /// the cookie's Secure flag and the CSRF origin check use it.
+    #[arg(long, env = crate::login_link::PUBLIC_URL_ENV, value_name = "URL")]
+    pub public_url: Option<String>,
 }
 
 pub async fn run(args: ServeArgs) -> Outcome {
@@ -117,6 +132,27 @@ pub async fn run(args: ServeArgs) -> Outcome {
         .map(|url| cloud_core::store::postgres::pool(&url))
         .transpose()
         .map_err(Failure::config)?;
+    let sandboxes = match args.sandboxes_dir {
+        None => None,
+        Some(root) => {
+            let watcher = args.watcher_bin.or_else(watcher_on_path).ok_or_else(|| {
+                Failure::config(anyhow::anyhow!(
+                    "--sandboxes-dir needs project-watcher: put it on PATH or pass --watcher-bin"
+                ))
+            })?;
+            let absolute = |path: PathBuf| {
+                std::path::absolute(&path)
+                    .with_context(|| format!("cannot resolve {}", path.display()))
+                    .map_err(Failure::config)
+            };
+            let (root, watcher) = (absolute(root)?, absolute(watcher)?);
+            Some(LocalSandboxes {
+                root,
+                watcher_bin: watcher.display().to_string(),
+                install_cmd: args.install_cmd,
+            })
+        }
+    };
     let config = ServeConfig {
         listen: args.listen,
         upstream,
@@ -140,6 +176,10 @@ pub async fn run(args: ServeArgs) -> Outcome {
         parallel_syncs: args.parallel_syncs,
         database,
         sync_lease: args.sync_lease,
+        web: WebConfig {
+            public_url: args.public_url,
+            sandboxes,
+        },
     };
     let mut terminate = signal(SignalKind::terminate())
         .context("installing the SIGTERM handler")
@@ -156,7 +196,7 @@ pub async fn run(args: ServeArgs) -> Outcome {
     serve(config, announce, shutdown)
         .await
         .map_err(|e| match e {
-            ServeError::SecretInSyncEnv(_) => Failure::config(e),
+            ServeError::SecretInSyncEnv(_) | ServeError::SandboxesDir { .. } => Failure::config(e),
             e => Failure::runtime(e),
         })?;
     Ok(Success {

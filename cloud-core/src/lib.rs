@@ -14,6 +14,7 @@ pub mod serve;
 pub mod store;
 pub mod token;
 pub mod user;
+pub mod web;
 pub mod webhook;
 
 pub use user::UserId;

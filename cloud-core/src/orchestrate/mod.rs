@@ -284,6 +284,11 @@ impl<H: ProjectHost> Orchestrator<H> {
         self.persistence.is_some()
     }
 
+    /// Where projects are created, when the feature is on.
+    pub fn host(&self) -> Option<&H> {
+        self.persistence.as_ref().map(|p| &p.host)
+    }
+
     /// Ensures the user's project, writes the watcher's environment, points the `project`
     /// remote at the proxy and starts the watcher. Running it again changes nothing.
     /// With the feature off it does nothing. This is for a sandbox that already holds the
