@@ -8,9 +8,7 @@
 pub mod embedded;
 pub mod events;
 pub mod headers;
-pub mod pkt_line;
 pub mod push_watch;
-pub mod report_status;
 pub mod route;
 pub mod stream;
 pub mod upstream;
