@@ -11,7 +11,7 @@ pub mod proxy;
 pub mod sandbox;
 pub mod secrets;
 pub mod serve;
-pub mod sync_queue;
+pub mod store;
 pub mod token;
 pub mod user;
 pub mod web;

@@ -9,6 +9,7 @@
 pub mod coalesce;
 pub mod history;
 pub mod lifecycle;
+mod queued;
 pub mod recovery;
 
 use std::future::Future;
@@ -208,8 +209,9 @@ impl Provisioned {
     }
 }
 
-/// A sandbox's state as the workspace page shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A sandbox's state as the workspace page shows it; stored as JSON tagged by `state`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
 pub enum SandboxStatus {
     Syncing,
     /// Going back to an earlier save ([`Orchestrator::restore_to`]).
@@ -235,7 +237,8 @@ pub enum SandboxStatus {
 }
 
 /// The steps of re-provisioning, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ProvisionStep {
     /// A new sandbox from the template.
     Creating,
