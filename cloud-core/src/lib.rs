@@ -16,4 +16,5 @@ pub mod token;
 pub mod user;
 pub mod webhook;
 
+pub use shmastra_contract::SyncFailure;
 pub use user::UserId;

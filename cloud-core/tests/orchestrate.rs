@@ -296,8 +296,11 @@ async fn sync_reports_ready_or_broken_with_the_failure_tail() {
     let last = statuses.of("sbx").pop().unwrap();
     match last {
         SandboxStatus::Broken { failure } => {
-            assert!(failure.starts_with("step: install\n"), "{failure}");
-            assert!(failure.contains("npm ERR! missing script"), "{failure}");
+            assert_eq!(failure.step, "install", "{failure:?}");
+            assert!(
+                failure.tail.contains("npm ERR! missing script"),
+                "{failure:?}"
+            );
         }
         other => panic!("expected broken, got {other:?}"),
     }

@@ -348,11 +348,17 @@ async fn sync_with_a_failing_install_ends_broken_with_the_install_output() {
     let SandboxStatus::Broken { failure } = last else {
         panic!("expected broken, got {last:?}");
     };
-    assert!(failure.starts_with("step: install\n"), "{failure}");
-    assert!(
-        failure.contains("npm ERR! 404 left-pad not found"),
-        "{failure}"
+    assert_eq!(failure.step, "install", "{failure:?}");
+    assert_eq!(
+        failure.tail, "npm ERR! 404 left-pad not found",
+        "{failure:?}"
     );
     let file = fs::read_to_string(world.home().join("sync-failure")).unwrap();
-    assert_eq!(file, failure);
+    assert_eq!(file, failure.render());
+    let json = serde_json::to_value(SandboxStatus::Broken {
+        failure: failure.clone(),
+    })
+    .unwrap();
+    assert_eq!(json["status"], "broken");
+    assert_eq!(json["failure"]["step"], "install");
 }

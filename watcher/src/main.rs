@@ -124,7 +124,7 @@ struct SyncArgs {
     #[command(flatten)]
     project: RemoteArgs,
     /// Where a failed step leaves its name and output tail; removed on success.
-    #[arg(long, default_value = sync::DEFAULT_FAILURE_FILE)]
+    #[arg(long, default_value = shmastra_contract::failure::DEFAULT_FAILURE_FILE)]
     failure_file: PathBuf,
     /// Stops the dev server before the tree changes.
     #[arg(long)]

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+use shmastra_contract::SyncFailure;
 
 use super::{
     OrchestrateError, Orchestrator, ProjectHost, SandboxStatus, StatusSink, exit_text, tail,
@@ -228,7 +229,7 @@ impl<H: ProjectHost> Orchestrator<H> {
                 status.set_status(
                     sandbox.id(),
                     SandboxStatus::Broken {
-                        failure: format!("step: restore\nerror: {e}\n"),
+                        failure: SyncFailure::new("restore", e.to_string()),
                     },
                 );
                 return Err(e.into());
@@ -252,11 +253,14 @@ impl<H: ProjectHost> Orchestrator<H> {
                 })
             }
             _ => {
-                let failure = format!(
-                    "step: restore\nerror: project-watcher restore --at exited with {}\n{}",
-                    exit_text(&out),
-                    tail(&out)
-                );
+                let failure = SyncFailure {
+                    step: "restore".to_owned(),
+                    message: format!(
+                        "project-watcher restore --at exited with {}",
+                        exit_text(&out)
+                    ),
+                    tail: tail(&out),
+                };
                 status.set_status(sandbox.id(), SandboxStatus::Broken { failure });
                 Err(OrchestrateError::Command {
                     sandbox: sandbox.id().to_owned(),

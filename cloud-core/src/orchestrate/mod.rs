@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use shmastra_contract::SyncFailure;
 
 use crate::UserId;
 use crate::gitlab::{GitLab, GitLabError};
@@ -208,16 +209,18 @@ impl Provisioned {
     }
 }
 
-/// A sandbox's state as the workspace page shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A sandbox's state as the workspace page shows it. As JSON (the state store keeps it so):
+/// `{"status": "broken", "failure": {"step": ..., "message": ..., "tail": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
 pub enum SandboxStatus {
     Syncing,
     /// Going back to an earlier save ([`Orchestrator::restore_to`]).
     Restoring,
     Ready,
-    /// The sync failed; `failure` is the failure file (step, message, output tail).
+    /// The sync (or a restore) failed: the step, the message and the output tail.
     Broken {
-        failure: String,
+        failure: SyncFailure,
     },
     /// Re-provisioning a lost sandbox, at this step.
     Provisioning {
@@ -235,7 +238,8 @@ pub enum SandboxStatus {
 }
 
 /// The steps of re-provisioning, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ProvisionStep {
     /// A new sandbox from the template.
     Creating,
@@ -522,7 +526,7 @@ impl<H: ProjectHost> Orchestrator<H> {
                     status.set_status(
                         sandbox.id(),
                         SandboxStatus::Broken {
-                            failure: format!("step: sync\nerror: {gone}\n"),
+                            failure: SyncFailure::new("sync", gone.to_string()),
                         },
                     );
                 }
@@ -585,23 +589,23 @@ impl<H: ProjectHost> Orchestrator<H> {
             Ok(out) if out.success() => SandboxStatus::Ready,
             Ok(out) => {
                 let failure = match sandbox.read_file(&failure_file).await {
-                    Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+                    Ok(Some(bytes)) => SyncFailure::parse(&bytes),
                     Err(e) if e.is_gone() => return Err(e),
-                    _ => format!(
-                        "step: sync\nerror: project-watcher sync exited with {}\n{}",
-                        exit_text(&out),
-                        tail(&out)
-                    ),
+                    _ => SyncFailure {
+                        step: "sync".to_owned(),
+                        message: format!("project-watcher sync exited with {}", exit_text(&out)),
+                        tail: tail(&out),
+                    },
                 };
                 SandboxStatus::Broken { failure }
             }
             Err(OrchestrateError::Sandbox(e)) if e.is_gone() => return Err(e),
             Err(e) => SandboxStatus::Broken {
-                failure: format!("step: sync\nerror: {e}\n"),
+                failure: SyncFailure::new("sync", e.to_string()),
             },
         };
         if let SandboxStatus::Broken { failure } = &next {
-            tracing::warn!(sandbox = sandbox.id(), failure = %failure.lines().take(2).collect::<Vec<_>>().join("; "), "sync failed");
+            tracing::warn!(sandbox = sandbox.id(), step = %failure.step, message = %failure.message, "sync failed");
         }
         status.set_status(sandbox.id(), next);
         Ok(())
@@ -740,4 +744,38 @@ fn tail(out: &ExecOutput) -> String {
     };
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_round_trip_through_json() {
+        for status in [
+            SandboxStatus::Ready,
+            SandboxStatus::Broken {
+                failure: SyncFailure::new("install", "`npm ci` failed").with_tail(["npm ERR!"]),
+            },
+            SandboxStatus::Provisioning {
+                step: ProvisionStep::Restoring,
+            },
+            SandboxStatus::NeedsSecrets {
+                names: vec!["API_KEY".into()],
+            },
+        ] {
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(
+                serde_json::from_str::<SandboxStatus>(&json).unwrap(),
+                status
+            );
+        }
+        assert_eq!(
+            serde_json::to_value(SandboxStatus::Provisioning {
+                step: ProvisionStep::Creating
+            })
+            .unwrap(),
+            serde_json::json!({"status": "provisioning", "step": "creating"})
+        );
+    }
 }
