@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use cloud_core::config::Config;
-use cloud_core::proxy::ProxyLimits;
-use cloud_core::serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, serve};
-use cloud_core::token::TokenSigner;
-use cloud_core::webhook::{WEBHOOK_SECRET_ENV, webhook_secret};
+use cloud_core::Config;
+use cloud_core::ProxyLimits;
+use cloud_core::TokenSigner;
+use cloud_core::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, serve};
+use cloud_core::{WEBHOOK_SECRET_ENV, webhook_secret};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 

@@ -1,7 +1,7 @@
 //! `token mint`, `token revoke` and `token rotate`.
 
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::token::TokenSigner;
 use serde_json::json;
 
 use crate::outcome::{Failure, Outcome, Success};
@@ -21,7 +21,7 @@ pub fn revoke(user: &str, print_new: bool) -> Outcome {
     let user = UserId::parse(user).map_err(Failure::config)?;
     let signer = TokenSigner::from_env().map_err(Failure::config)?;
     let token = signer.rotate(&user).map_err(|e| match e {
-        cloud_core::token::GenerationError::NoStore => Failure::config(e),
+        cloud_core::GenerationError::NoStore => Failure::config(e),
         e => Failure::runtime(e),
     })?;
     let generation = signer.generation(&user).map_err(Failure::runtime)?;

@@ -73,6 +73,7 @@ where
     }
 
     /// Users with a run going on or waiting.
+    #[cfg(test)]
     pub fn busy_users(&self) -> usize {
         self.inner.lock().len()
     }

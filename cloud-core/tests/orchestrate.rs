@@ -8,16 +8,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cloud_core::Config;
+use cloud_core::GitLab;
+use cloud_core::LocalSandbox;
+use cloud_core::TokenSigner;
+use cloud_core::Triggered;
 use cloud_core::UserId;
-use cloud_core::config::Config;
-use cloud_core::gitlab::GitLab;
-use cloud_core::orchestrate::coalesce::Triggered;
-use cloud_core::orchestrate::{
+use cloud_core::{
     BackfillOutcome, Orchestrator, Persistence, Provisioned, SandboxLayout, SandboxStatus,
     StatusSink,
 };
-use cloud_core::sandbox::LocalSandbox;
-use cloud_core::token::TokenSigner;
 use secrecy::SecretString;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env};

@@ -1,7 +1,7 @@
 //! The `project-watcher restore` and `sync` command lines the cloud runs in a sandbox, built
 //! from typed fields. [`RestoreCommand::args`] and [`SyncCommand::args`] are the argument
 //! lists (the watcher's own CLI tests parse them with its clap definitions);
-//! `shell` renders them for `sh -c`, every word single-quoted. The token never appears here:
+//! `shell` renders them for `sh -c`, single-quoting every word that needs it. The token never appears here:
 //! it travels in the [`crate::env::PROJECT_TOKEN`] environment variable.
 
 use crate::env::{DEFAULT_BRANCH, DEFAULT_REMOTE};
@@ -140,9 +140,13 @@ fn shell_line(program: &str, args: &[String]) -> String {
         .join(" ")
 }
 
-/// One word for `sh`: single quotes keep everything literal; a `'` is closed, escaped and
-/// reopened.
+/// One word for `sh`: as it is when it holds only characters `sh` takes literally, else in
+/// single quotes, which keep everything literal (a `'` is closed, escaped and reopened).
 fn quote(word: &str) -> String {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"_-./:=@%+,".contains(&b);
+    if !word.is_empty() && word.bytes().all(plain) {
+        return word.to_owned();
+    }
     format!("'{}'", word.replace('\'', r"'\''"))
 }
 
@@ -171,6 +175,23 @@ mod tests {
     }
 
     const PRINT_ARGS: &str = "printf '%s\\0' \"$@\"";
+
+    #[test]
+    fn shell_words_are_quoted_only_when_needed() {
+        let mut sync = SyncCommand::new("/home/user/my project");
+        sync.failure_file = "/tmp/f".into();
+        sync.stop_cmd = Some("pm2 stop dev-server".into());
+        sync.install_cmd = Some("echo 'hi'".into());
+        assert_eq!(
+            sync.shell("project-watcher"),
+            "project-watcher sync --dir '/home/user/my project' --remote project --branch main \
+             --failure-file /tmp/f --stop-cmd 'pm2 stop dev-server' --install-cmd 'echo '\\''hi'\\'''"
+        );
+        assert_eq!(
+            RestoreCommand::new("").shell("w"),
+            "w restore --dir '' --remote project --branch main"
+        );
+    }
 
     #[test]
     fn defaults_are_the_contract_defaults() {
@@ -217,10 +238,10 @@ mod tests {
             let mut sync = SyncCommand::new(dir.clone());
             sync.stop_cmd = stop;
             sync.install_cmd = install;
-            let line = format!("set -- {}; {PRINT_ARGS}", sync.shell("prog").trim_start_matches("'prog' "));
+            let line = format!("set -- {}; {PRINT_ARGS}", sync.shell("prog").trim_start_matches("prog "));
             prop_assert_eq!(words_through_sh(&line), sync.args());
             let restore = RestoreCommand::new(dir).at(rev, &paths);
-            let line = format!("set -- {}; {PRINT_ARGS}", restore.shell("prog").trim_start_matches("'prog' "));
+            let line = format!("set -- {}; {PRINT_ARGS}", restore.shell("prog").trim_start_matches("prog "));
             prop_assert_eq!(words_through_sh(&line), restore.args());
         }
     }

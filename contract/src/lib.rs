@@ -3,6 +3,8 @@
 //!
 //! - [`env`]: the watcher's environment variables, the remote and branch defaults, and the
 //!   watcher's environment file that provisioning writes;
+//! - [`manifest`]: `shmastra.json` (the names of a project's secrets), its strict parser,
+//!   canonical text and name validation;
 //! - [`failure`]: the sync failure file (`step`, `error`, output tail): its default path,
 //!   writer and parser;
 //! - [`command`]: the `project-watcher restore` and `sync` command lines the cloud runs in a
@@ -13,6 +15,8 @@
 pub mod command;
 pub mod env;
 pub mod failure;
+pub mod manifest;
 
 pub use command::{RestoreCommand, SyncCommand};
 pub use failure::SyncFailure;
+pub use manifest::{MANIFEST_FILE, Manifest, ManifestError};

@@ -7,15 +7,15 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cloud_core::Config;
+use cloud_core::GitLab;
+use cloud_core::LocalSandbox;
+use cloud_core::SecretValue;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::config::Config;
-use cloud_core::gitlab::GitLab;
-use cloud_core::orchestrate::{
+use cloud_core::{
     OrchestrateError, Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink,
 };
-use cloud_core::sandbox::LocalSandbox;
-use cloud_core::secrets::SecretValue;
-use cloud_core::token::TokenSigner;
 use std::sync::Mutex;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_bare, init_repo, tree_of, tree_of_add_all};

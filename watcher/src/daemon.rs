@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use git2::{Oid, Repository};
+use shmastra_contract::MANIFEST_FILE;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -164,10 +165,10 @@ impl Saver {
         if changes.env_changed {
             match manifest::sync(&self.workdir) {
                 Ok(true) => {
-                    changes.paths.insert(PathBuf::from(manifest::MANIFEST_FILE));
+                    changes.paths.insert(PathBuf::from(MANIFEST_FILE));
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE),
+                Err(e) => tracing::warn!("cannot update {MANIFEST_FILE}: {e}"),
             }
         }
         let tree = self.stager.stage(&changes)?;
@@ -285,7 +286,7 @@ async fn sync_manifest(workdir: &Path, git_dir: &Path) -> Result<(), DaemonError
     tokio::task::spawn_blocking(move || {
         let _lock = RepoLock::acquire(&git_dir)?;
         if let Err(e) = manifest::sync(&workdir) {
-            tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE);
+            tracing::warn!("cannot update {MANIFEST_FILE}: {e}");
         }
         Ok(())
     })

@@ -401,7 +401,7 @@ fn run_command(step: Step, cmd: &str, workdir: &Path) -> Result<(), SyncError> {
         .arg("-c")
         .arg(cmd)
         .current_dir(workdir)
-        .env_remove("PROJECT_TOKEN")
+        .env_remove(shmastra_contract::env::PROJECT_TOKEN)
         .stdin(Stdio::null())
         .stdout(writer.try_clone().map_err(spawn_err)?)
         .stderr(writer)

@@ -7,14 +7,13 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
-use shmastra_contract::SyncFailure;
+use shmastra_contract::{RestoreCommand, SyncFailure};
 
 use super::{
     OrchestrateError, Orchestrator, ProjectHost, SandboxStatus, StatusSink, exit_text, tail,
 };
 use crate::UserId;
 use crate::gitlab::{GitLab, GitLabError};
-use crate::proxy::embedded::EmbeddedUpstream;
 use crate::sandbox::{Exec, Sandbox};
 
 /// What made a save, read from the watcher's commit trailers (`Saved-by:
@@ -55,7 +54,8 @@ pub enum HistoryError {
     BadTime(String),
 }
 
-/// Where saves are read from: implemented by [`GitLab`] and [`EmbeddedUpstream`].
+/// Where saves are read from: implemented by [`GitLab`] and by the embedded upstream
+/// (`proxy/embedded.rs`).
 pub trait SaveHistory: Send + Sync {
     /// The newest `limit` commits of `user`'s project, newest first: `(id, ISO 8601 time,
     /// message)`.
@@ -76,61 +76,6 @@ impl SaveHistory for GitLab {
             .await?
             .into_iter()
             .map(|c| (c.id, c.committed_date, c.message))
-            .collect())
-    }
-}
-
-impl SaveHistory for EmbeddedUpstream {
-    async fn recent_commits(
-        &self,
-        user: &UserId,
-        limit: usize,
-    ) -> Result<Vec<(String, String, String)>, HistoryError> {
-        let dir = self.repo_dir(user);
-        if !dir.join("HEAD").exists() {
-            return Ok(Vec::new());
-        }
-        let failed = |reason: String| HistoryError::Embedded {
-            user: user.clone(),
-            reason,
-        };
-        let out = tokio::process::Command::new("git")
-            .arg("--git-dir")
-            .arg(&dir)
-            .args([
-                "log",
-                "--branches",
-                "--date-order",
-                &format!("--max-count={limit}"),
-                "--format=%H%x00%cI%x00%B%x1e",
-                "--",
-            ])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
-            .await
-            .map_err(|e| failed(format!("cannot run git: {e}")))?;
-        // A repository without any branch yet lists nothing and succeeds.
-        if !out.status.success() {
-            return Err(failed(
-                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            ));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        Ok(text
-            .split('\x1e')
-            .map(|record| record.trim_start_matches('\n'))
-            .filter(|record| !record.is_empty())
-            .filter_map(|record| {
-                let mut fields = record.splitn(3, '\0');
-                Some((
-                    fields.next()?.to_owned(),
-                    fields.next()?.to_owned(),
-                    fields.next()?.to_owned(),
-                ))
-            })
             .collect())
     }
 }
@@ -205,24 +150,12 @@ impl<H: ProjectHost> Orchestrator<H> {
             return Err(RestoreToError::Off);
         }
         status.set_status(sandbox.id(), SandboxStatus::Restoring);
-        let mut command =
-            "\"$WATCHER\" restore --dir \"$PROJECT_DIR\" --json --at \"$REV\"".to_owned();
-        let mut exec = Exec::new("", self.layout.sync_timeout)
-            .env("WATCHER", self.layout.watcher_bin.clone())
-            .env(
-                "PROJECT_DIR",
-                sandbox
-                    .home()
-                    .join(&self.layout.project_dir)
-                    .display()
-                    .to_string(),
-            )
-            .env("REV", rev);
-        for (i, path) in paths.iter().enumerate() {
-            command.push_str(&format!(" --path \"$RESTORE_PATH_{i}\""));
-            exec = exec.env(&format!("RESTORE_PATH_{i}"), path.clone());
-        }
-        exec.command = command;
+        let dir = sandbox.home().join(&self.layout.project_dir);
+        let command = RestoreCommand::new(dir.display().to_string()).at(rev, paths);
+        let exec = Exec::new(
+            command.shell(&self.layout.watcher_bin),
+            self.layout.sync_timeout,
+        );
         let out = match self.in_project(sandbox, exec).await {
             Ok(out) => out,
             Err(e) => {

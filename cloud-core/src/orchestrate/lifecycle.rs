@@ -851,7 +851,7 @@ mod tests {
                 // Re-provisioning: stop a running watcher, restore, start the watcher.
                 "exec pm2 pid project-watcher | grep -q '^[1-9]'",
                 "exec pm2 stop project-watcher",
-                "exec \"$WATCHER\" restore --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\"",
+                "exec project-watcher restore --dir /home/user/shmastra --remote project --branch main",
                 "exec pm2 start /home/user/ecosystem.config.js --only project-watcher",
                 "exec pm2 stop project-watcher",
                 "update 2 in sandbox 1",

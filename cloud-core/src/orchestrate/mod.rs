@@ -13,25 +13,22 @@ pub mod recovery;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use shmastra_contract::SyncFailure;
+use shmastra_contract::env::{self, DEFAULT_BRANCH, DEFAULT_REMOTE};
+use shmastra_contract::failure::DEFAULT_FAILURE_FILE;
+use shmastra_contract::manifest::{MANIFEST_FILE, Manifest, ManifestError};
+use shmastra_contract::{RestoreCommand, SyncCommand, SyncFailure};
 
 use crate::UserId;
 use crate::gitlab::{GitLab, GitLabError};
-use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
-use crate::proxy::embedded::EmbeddedUpstream;
 use crate::sandbox::{Exec, ExecOutput, Sandbox, SandboxError};
 use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env, render_env_file};
 use crate::token::TokenSigner;
 use coalesce::{Coalescer, Triggered};
 
-/// The name of the git remote the watcher pushes to.
-pub const REMOTE: &str = "project";
-/// The branch that holds the user's project.
-pub const BRANCH: &str = "main";
 /// How many lines of a failed command's output an error carries.
 const TAIL_LINES: usize = 50;
 
@@ -77,7 +74,7 @@ impl SandboxLayout {
             start_dev_server: "pm2 start /home/user/ecosystem.config.js --only dev-server".into(),
             stop_dev_server: "pm2 stop dev-server".into(),
             install_cmd: None,
-            failure_file: "/tmp/shmastra-sync-failure".into(),
+            failure_file: DEFAULT_FAILURE_FILE.into(),
             command_timeout: Duration::from_secs(60),
             sync_timeout: Duration::from_secs(15 * 60),
         }
@@ -85,7 +82,8 @@ impl SandboxLayout {
 }
 
 /// Where user projects are created: GitLab in production, the embedded upstream on one
-/// machine.
+/// machine (which implements this beside its proxy code: orchestration never imports the
+/// proxy).
 pub trait ProjectHost: Send + Sync {
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -105,20 +103,6 @@ impl ProjectHost for GitLab {
 
     fn is_transient(error: &GitLabError) -> bool {
         error.is_transient()
-    }
-}
-
-impl ProjectHost for EmbeddedUpstream {
-    type Error = std::convert::Infallible;
-
-    /// Nothing to do ahead of time: the embedded upstream creates a user's repository on the
-    /// first request for it, which `restore` or the watcher's first push makes.
-    async fn ensure_project(&self, _user: &UserId) -> Result<(), Self::Error> {
-        Ok(())
-    }
-
-    fn is_transient(error: &Self::Error) -> bool {
-        match *error {}
     }
 }
 
@@ -339,7 +323,7 @@ impl<H: ProjectHost> Orchestrator<H> {
             self.layout.command_timeout,
         )
         .env("PROJECT_DIR", dir.display().to_string())
-        .env("BRANCH", BRANCH)
+        .env("BRANCH", DEFAULT_BRANCH)
         .cwd("/");
         done.repository_created = self
             .expect_ok(sandbox, "create the repository", init)
@@ -348,7 +332,12 @@ impl<H: ProjectHost> Orchestrator<H> {
             .trim()
             != "exists";
 
-        let env = watcher_env(&dir, &persistence.signer.mint(user));
+        let env = env::watcher_env_file(
+            &dir,
+            DEFAULT_REMOTE,
+            DEFAULT_BRANCH,
+            &persistence.signer.mint(user),
+        );
         let env_file = sandbox.home().join(&self.layout.watcher_env_file);
         let current = sandbox.read_file(&env_file).await?;
         if current.as_deref() != Some(env.as_bytes()) {
@@ -361,7 +350,7 @@ impl<H: ProjectHost> Orchestrator<H> {
             .in_project(
                 sandbox,
                 Exec::new(
-                    format!("git remote get-url {REMOTE}"),
+                    format!("git remote get-url {DEFAULT_REMOTE}"),
                     self.layout.command_timeout,
                 ),
             )
@@ -369,7 +358,7 @@ impl<H: ProjectHost> Orchestrator<H> {
         if !current.success() || current.stdout.trim() != url {
             let verb = if current.success() { "set-url" } else { "add" };
             let set = Exec::new(
-                format!("git remote {verb} {REMOTE} \"$REMOTE_URL\""),
+                format!("git remote {verb} {DEFAULT_REMOTE} \"$REMOTE_URL\""),
                 self.layout.command_timeout,
             )
             .env("REMOTE_URL", url);
@@ -408,14 +397,10 @@ impl<H: ProjectHost> Orchestrator<H> {
         }
         let dir = sandbox.home().join(&self.layout.project_dir);
         let restore = Exec::new(
-            "\"$WATCHER\" restore --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\"",
+            RestoreCommand::new(dir.display().to_string()).shell(&self.layout.watcher_bin),
             self.layout.sync_timeout,
         )
-        .env("WATCHER", self.layout.watcher_bin.clone())
-        .env("PROJECT_DIR", dir.display().to_string())
-        .env("REMOTE", REMOTE)
-        .env("BRANCH", BRANCH)
-        .env("PROJECT_TOKEN", persistence.signer.mint(user));
+        .env(env::PROJECT_TOKEN, persistence.signer.mint(user));
         self.expect_ok(sandbox, "restore the project", restore)
             .await?;
         let manifest = match sandbox.read_file(&dir.join(MANIFEST_FILE)).await? {
@@ -570,21 +555,21 @@ impl<H: ProjectHost> Orchestrator<H> {
         status.set_status(sandbox.id(), SandboxStatus::Syncing);
         let layout = &self.layout;
         let failure_file = sandbox.home().join(&layout.failure_file);
-        let mut exec = Exec::new(
-            "\"$WATCHER\" sync --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\" --failure-file \"$FAILURE_FILE\" --stop-cmd \"$STOP_CMD\" --start-cmd \"$START_CMD\"${INSTALL_CMD:+ --install-cmd \"$INSTALL_CMD\"}",
-            layout.sync_timeout,
-        )
-        .env("WATCHER", layout.watcher_bin.clone())
-        .env("PROJECT_DIR", sandbox.home().join(&layout.project_dir).display().to_string())
-        .env("REMOTE", REMOTE)
-        .env("BRANCH", BRANCH)
-        .env("FAILURE_FILE", failure_file.display().to_string())
-        .env("STOP_CMD", layout.stop_dev_server.clone())
-        .env("START_CMD", layout.start_dev_server.clone())
-        .env("PROJECT_TOKEN", persistence.signer.mint(user));
-        if let Some(install) = &layout.install_cmd {
-            exec = exec.env("INSTALL_CMD", install.clone());
-        }
+        let command = SyncCommand {
+            failure_file: failure_file.display().to_string(),
+            stop_cmd: Some(layout.stop_dev_server.clone()),
+            install_cmd: layout.install_cmd.clone(),
+            start_cmd: Some(layout.start_dev_server.clone()),
+            ..SyncCommand::new(
+                sandbox
+                    .home()
+                    .join(&layout.project_dir)
+                    .display()
+                    .to_string(),
+            )
+        };
+        let exec = Exec::new(command.shell(&layout.watcher_bin), layout.sync_timeout)
+            .env(env::PROJECT_TOKEN, persistence.signer.mint(user));
         let next = match self.in_project(sandbox, exec).await {
             Ok(out) if out.success() => SandboxStatus::Ready,
             Ok(out) => {
@@ -718,14 +703,6 @@ pub enum BackfillOutcome {
     Provisioned(Provisioned),
     AlreadyDone,
     Failed(String),
-}
-
-/// The watcher's environment file: what PM2 passes to `project-watcher watch`.
-fn watcher_env(project_dir: &Path, token: &str) -> String {
-    format!(
-        "PROJECT_DIR={}\nPROJECT_REMOTE={REMOTE}\nPROJECT_BRANCH={BRANCH}\nPROJECT_TOKEN={token}\n",
-        project_dir.display()
-    )
 }
 
 fn exit_text(out: &ExecOutput) -> String {

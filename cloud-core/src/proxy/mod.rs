@@ -5,15 +5,15 @@
 //! order: [`route::classify`] (404), the token (401, answered here), the path's repository
 //! name agreeing with the token (403), the size limit (413); only then is the upstream called.
 
-pub mod embedded;
-pub mod events;
-pub mod headers;
+pub(crate) mod embedded;
+pub(crate) mod events;
+pub(crate) mod headers;
 pub mod pkt_line;
-pub mod push_watch;
+pub(crate) mod push_watch;
 pub mod report_status;
-pub mod route;
-pub mod stream;
-pub mod upstream;
+pub(crate) mod route;
+pub(crate) mod stream;
+pub(crate) mod upstream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

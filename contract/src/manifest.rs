@@ -1,5 +1,6 @@
 //! `shmastra.json`: the tracked list of the names of a project's secret variables (never their
-//! values), parsed strictly so a restore form asks for exactly the right fields.
+//! values), written by the watcher and parsed strictly by the cloud so a restore form asks for
+//! exactly the right fields. Both sides use this one definition.
 //!
 //! `env` lists the root `.env`'s names. The optional `env_files` maps each other root env
 //! file the watcher never saves (`.env.local`, `.env.production`, ...; see
@@ -172,6 +173,10 @@ impl Manifest {
         let names =
             Manifest::from_names(names.into_iter().map(Into::into).collect()).map_err(at)?;
         self.env_files.insert(file.to_owned(), names.env);
+        let total = self.env.len() + self.env_files.values().map(Vec::len).sum::<usize>();
+        if total > MAX_NAMES {
+            return Err(at(ManifestProblem::TooManyNames(total)));
+        }
         Ok(self)
     }
 
