@@ -145,7 +145,7 @@ pub enum OrchestrateError {
     /// Recovery gave up: the user's sandbox was lost again and again. Someone has to look.
     #[error(
         "the sandbox of user {user} was lost and re-created {count} times within {}; recovery stopped, it needs attention",
-        humantime::format_duration(*window)
+        short_duration(*window)
     )]
     NeedsAttention {
         user: UserId,
@@ -705,6 +705,32 @@ pub enum BackfillOutcome {
     Failed(String),
 }
 
+/// A duration as people write it: `15m`, `1h 30m`, `1s 500ms`, `2days` (whole
+/// milliseconds), as humantime writes it.
+fn short_duration(duration: Duration) -> String {
+    let mut rest = duration.as_millis();
+    let mut parts = Vec::new();
+    for (unit, name) in [
+        (86_400_000, "day"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+        (1, "ms"),
+    ] {
+        if rest >= unit {
+            let n = rest / unit;
+            let plural = if name == "day" && n > 1 { "s" } else { "" };
+            parts.push(format!("{n}{name}{plural}"));
+            rest %= unit;
+        }
+    }
+    if parts.is_empty() {
+        "0s".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
 fn exit_text(out: &ExecOutput) -> String {
     match out.exit_code {
         Some(code) => format!("exit code {code}"),
@@ -726,6 +752,24 @@ fn tail(out: &ExecOutput) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        for (duration, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(15 * 60), "15m"),
+            (Duration::from_secs(5400), "1h 30m"),
+            (Duration::from_millis(1500), "1s 500ms"),
+            (Duration::from_secs(2 * 86_400 + 1), "2days 1s"),
+            (Duration::from_secs(86_400), "1day"),
+        ] {
+            assert_eq!(short_duration(duration), text);
+            assert_eq!(
+                short_duration(duration),
+                humantime::format_duration(duration).to_string()
+            );
+        }
+    }
 
     #[test]
     fn statuses_round_trip_through_json() {
