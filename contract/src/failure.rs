@@ -22,6 +22,11 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_FAILURE_FILE: &str = "/tmp/shmastra-sync-failure";
 /// How many lines of a failed step's output the file keeps.
 pub const TAIL_LINES: usize = 50;
+/// The most of the tail the parser keeps, in bytes (its end); of the step and the message
+/// (their start). A sandbox can write anything into the file; the status stays small.
+pub const MAX_TAIL_BYTES: usize = 16 * 1024;
+/// See [`MAX_TAIL_BYTES`].
+pub const MAX_LINE_BYTES: usize = 4 * 1024;
 /// The step of a failure whose file did not name one.
 pub const UNKNOWN_STEP: &str = "unknown";
 
@@ -91,14 +96,14 @@ impl SyncFailure {
                 tail: last_lines(text.strip_suffix('\n').unwrap_or(&text)),
             };
         };
-        let step = match unescape(step) {
+        let step = match unescape(head(step)) {
             s if s.is_empty() => UNKNOWN_STEP.to_owned(),
             s => s,
         };
         let before_message = rest;
         let message = match next_line(&mut rest) {
             Some(line) => match line.strip_prefix("error: ") {
-                Some(message) => unescape(message),
+                Some(message) => unescape(head(message)),
                 None => {
                     rest = before_message;
                     "the failure file has no error line".to_owned()
@@ -133,7 +138,21 @@ fn next_line<'a>(rest: &mut &'a str) -> Option<&'a str> {
 
 fn last_lines(text: &str) -> String {
     let lines: Vec<&str> = text.split('\n').collect();
-    lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+    let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+    let mut start = tail.len().saturating_sub(MAX_TAIL_BYTES);
+    while !tail.is_char_boundary(start) {
+        start += 1;
+    }
+    tail[start..].to_owned()
+}
+
+/// At most [`MAX_LINE_BYTES`] of the start of `line`.
+fn head(line: &str) -> &str {
+    let mut end = line.len().min(MAX_LINE_BYTES);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    &line[..end]
 }
 
 fn escape(text: &str) -> String {
@@ -253,6 +272,14 @@ mod tests {
             "npm ERR!",
         );
         check(b"step: \nerror: x\n", UNKNOWN_STEP, "x", "");
+        let huge = format!(
+            "step: install\nerror: {}\n{}\n",
+            "é".repeat(MAX_LINE_BYTES),
+            "x".repeat(MAX_TAIL_BYTES * 2)
+        );
+        let parsed = SyncFailure::parse(huge.as_bytes());
+        assert_eq!(parsed.message, "é".repeat(MAX_LINE_BYTES / 2));
+        assert_eq!(parsed.tail, "x".repeat(MAX_TAIL_BYTES));
         check(b"step: a\\\nerror: b\\q\n", "a\\", "b\\q", "");
         check(
             b"step: install\nerror: bad \xff byte\n\xfe\n",

@@ -363,6 +363,21 @@ mod tests {
     }
 
     #[test]
+    fn the_name_limit_counts_every_file() {
+        let names = |prefix: &'static str, n: usize| (0..n).map(move |i| format!("{prefix}{i}"));
+        let manifest = Manifest::new(names("A", 500)).unwrap();
+        let full = manifest
+            .clone()
+            .with_env_file(".env.local", names("B", 500))
+            .unwrap();
+        assert_eq!(Manifest::parse(&full.to_json()).unwrap(), full);
+        let err = manifest
+            .with_env_file(".env.local", names("B", 501))
+            .unwrap_err();
+        assert!(err.to_string().contains("1001 variables"), "{err}");
+    }
+
+    #[test]
     fn env_file_names() {
         for (name, is) in [
             (".env", true),
