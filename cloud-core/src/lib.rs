@@ -123,7 +123,7 @@ pub use gitlab::{GitLab, GitLabError, RetryPolicy};
 pub use proxy::embedded::EmbeddedUpstream;
 pub use proxy::events::{OnExternalPush, RecentPushes};
 pub use proxy::upstream::{HttpUpstream, RepoLocator, RepoPerUser, Upstream};
-pub use proxy::{ExternalPush, Proxy, ProxyLimits};
+pub use proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
 pub use webhook::{GroupPath, WEBHOOK_SECRET_ENV, Webhook, WebhookSecretError, webhook_secret};
 
 pub use token::{GenerationError, TokenSecretError, TokenSigner};

@@ -90,7 +90,7 @@ impl EmbeddedUpstream {
     }
 
     /// The `git http-backend` children running now; the server ends them when it stops.
-    pub fn children(&self) -> Children {
+    pub(crate) fn children(&self) -> Children {
         self.children.clone()
     }
 

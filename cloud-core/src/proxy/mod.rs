@@ -78,7 +78,7 @@ impl std::fmt::Display for ClientAddr {
 }
 
 /// The client address of `request` for log lines, `-` when the server did not record it.
-pub fn client_of<B>(request: &http::Request<B>) -> String {
+pub(crate) fn client_of<B>(request: &http::Request<B>) -> String {
     request
         .extensions()
         .get::<ClientAddr>()
