@@ -16,7 +16,8 @@
 //!   [`Config::from_env`]) and by [`EmbeddedUpstream`];
 //! - **the git proxy and the webhook**: [`Proxy::router`] (mount at `/api/git`) and
 //!   [`Webhook::router`] (GitLab's push webhook), both reporting an [`ExternalPush`];
-//! - **tokens**: [`TokenSigner`] mints and verifies each user's `PROJECT_TOKEN`;
+//! - **tokens**: [`TokenSigner`] mints and verifies each user's `PROJECT_TOKEN`; revocation
+//!   keeps a generation per user behind [`Generations`] ([`GenerationDir`] on one machine);
 //! - **the manifest and the restore form**: [`Manifest`] (`shmastra.json`, defined in the
 //!   contract crate the watcher shares, re-exported as [`contract`]), [`RestoreForm`] and
 //!   [`SecretValue`];
@@ -126,7 +127,10 @@ pub use proxy::upstream::{HttpUpstream, RepoLocator, RepoPerUser, Upstream};
 pub use proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
 pub use webhook::{GroupPath, WEBHOOK_SECRET_ENV, Webhook, WebhookSecretError, webhook_secret};
 
-pub use token::{GenerationError, TokenSecretError, TokenSigner};
+pub use token::{
+    GenerationDir, GenerationError, Generations, TOKEN_SECRET_ENV, TOKEN_STATE_ENV,
+    TokenSecretError, TokenSigner,
+};
 
 pub use secrets::{FormProblem, RestoreForm, RestoreFormError, SecretValue, render_env};
 

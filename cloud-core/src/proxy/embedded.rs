@@ -65,7 +65,7 @@ impl EmbeddedUpstream {
 
     /// [`EmbeddedUpstream::new`]; `protect_history: false` lets any token holder delete or
     /// force-push every ref (`serve --allow-history-rewrite`).
-    pub fn with_protection(
+    pub(crate) fn with_protection(
         root: impl Into<PathBuf>,
         protect_history: bool,
     ) -> std::io::Result<EmbeddedUpstream> {
@@ -96,7 +96,7 @@ impl EmbeddedUpstream {
 
     /// Where `user`'s bare repository lives. `UserId` is a safe path component, so this never
     /// leaves `root`.
-    pub fn repo_dir(&self, user: &UserId) -> PathBuf {
+    pub(crate) fn repo_dir(&self, user: &UserId) -> PathBuf {
         self.root.join(format!("{user}.git"))
     }
 

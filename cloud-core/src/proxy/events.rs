@@ -32,7 +32,7 @@ pub struct RecentPushes {
 }
 
 impl RecentPushes {
-    pub fn record(&self, push: ExternalPush) {
+    pub(crate) fn record(&self, push: ExternalPush) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let mine = seen.entry(push.user).or_default();
         if mine.len() == REMEMBERED_PER_USER {
@@ -41,7 +41,7 @@ impl RecentPushes {
         mine.push_back((push.refname, push.new_oid));
     }
 
-    pub fn contains(&self, push: &ExternalPush) -> bool {
+    pub(crate) fn contains(&self, push: &ExternalPush) -> bool {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.get(&push.user).is_some_and(|mine| {
             mine.iter()

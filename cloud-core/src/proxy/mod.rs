@@ -2,7 +2,7 @@
 //! token owner's upstream repository with the service credentials, and reports external pushes.
 //!
 //! Mount [`Proxy::router`] with `Router::nest("/api/git", ...)`. Every request passes, in
-//! order: [`route::classify`] (404), the token (401, answered here), the path's repository
+//! order: `route::classify` (404), the token (401, answered here), the path's repository
 //! name agreeing with the token (403), the size limit (413); only then is the upstream called.
 
 pub(crate) mod embedded;
