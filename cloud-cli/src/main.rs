@@ -2,6 +2,7 @@
 //! up logging, run one command from the library, report the outcome and its exit code.
 
 mod gitlab_commands;
+mod login_link;
 mod outcome;
 mod serve_command;
 mod token_commands;
@@ -37,7 +38,10 @@ enum Command {
     Token(TokenCommand),
     /// The git proxy (/api/git), the GitLab push webhook (/api/gitlab/webhook) and /healthz.
     /// Reads SHMASTRA_TOKEN_SECRET, GITLAB_WEBHOOK_SECRET and the GitLab settings.
-    Serve(serve_command::ServeArgs),
+    Serve(Box<serve_command::ServeArgs>),
+    /// Print a one-time sign-in URL for the workspace page (reads SHMASTRA_TOKEN_SECRET and
+    /// SHMASTRA_PUBLIC_URL).
+    LoginLink(login_link::LoginLinkArgs),
 }
 
 #[derive(Subcommand)]
@@ -98,7 +102,8 @@ async fn main() -> ExitCode {
         Command::Token(TokenCommand::Mint { user }) => token_commands::mint(&user),
         Command::Token(TokenCommand::Revoke { user }) => token_commands::revoke(&user, false),
         Command::Token(TokenCommand::Rotate { user }) => token_commands::revoke(&user, true),
-        Command::Serve(args) => serve_command::run(args).await,
+        Command::Serve(args) => serve_command::run(*args).await,
+        Command::LoginLink(args) => login_link::run(args),
     };
     outcome::report(outcome, cli.json)
 }

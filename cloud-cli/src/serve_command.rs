@@ -6,11 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use cloud_core::Config;
-use cloud_core::ProxyLimits;
-use cloud_core::TokenSigner;
-use cloud_core::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, serve};
-use cloud_core::{WEBHOOK_SECRET_ENV, webhook_secret};
+use cloud_core::{
+    Config, ConnectionLimits, LocalSandboxes, ProxyLimits, ServeConfig, ServeError, TokenSigner,
+    UpstreamChoice, WEBHOOK_SECRET_ENV, WebConfig, serve, watcher_on_path, webhook_secret,
+};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -60,6 +59,19 @@ pub struct ServeArgs {
     /// How many --on-external-push runs (each for a different user) go on at once.
     #[arg(long, default_value_t = 4)]
     pub parallel_syncs: usize,
+    /// Run each user's sandbox on this machine, at DIR/<user>, with the watcher in it.
+    #[arg(long, value_name = "DIR")]
+    pub sandboxes_dir: Option<PathBuf>,
+    /// The project-watcher binary the sandboxes run (default: from PATH).
+    #[arg(long, value_name = "PATH")]
+    pub watcher_bin: Option<PathBuf>,
+    /// The dependency install command of a sandbox's sync (default: the lock file's manager).
+    #[arg(long, value_name = "CMD")]
+    pub install_cmd: Option<String>,
+    /// Where people reach this server (https://cloud.example): sign-in links, the clone URL,
+    /// the cookie's Secure flag and the CSRF origin check use it.
+    #[arg(long, env = crate::login_link::PUBLIC_URL_ENV, value_name = "URL")]
+    pub public_url: Option<String>,
 }
 
 pub async fn run(args: ServeArgs) -> Outcome {
@@ -90,6 +102,27 @@ pub async fn run(args: ServeArgs) -> Outcome {
             "--max-requests, --max-requests-per-user and --max-connections must be at least 1"
         )));
     }
+    let sandboxes = match args.sandboxes_dir {
+        None => None,
+        Some(root) => {
+            let watcher = args.watcher_bin.or_else(watcher_on_path).ok_or_else(|| {
+                Failure::config(anyhow::anyhow!(
+                    "--sandboxes-dir needs project-watcher: put it on PATH or pass --watcher-bin"
+                ))
+            })?;
+            let absolute = |path: PathBuf| {
+                std::path::absolute(&path)
+                    .with_context(|| format!("cannot resolve {}", path.display()))
+                    .map_err(Failure::config)
+            };
+            let (root, watcher) = (absolute(root)?, absolute(watcher)?);
+            Some(LocalSandboxes {
+                root,
+                watcher_bin: watcher.display().to_string(),
+                install_cmd: args.install_cmd,
+            })
+        }
+    };
     let config = ServeConfig {
         listen: args.listen,
         upstream,
@@ -111,6 +144,10 @@ pub async fn run(args: ServeArgs) -> Outcome {
         allow_history_rewrite: args.allow_history_rewrite,
         sync_env: args.sync_env,
         parallel_syncs: args.parallel_syncs,
+        web: WebConfig {
+            public_url: args.public_url,
+            sandboxes,
+        },
     };
     let mut terminate = signal(SignalKind::terminate())
         .context("installing the SIGTERM handler")
@@ -127,7 +164,7 @@ pub async fn run(args: ServeArgs) -> Outcome {
     serve(config, announce, shutdown)
         .await
         .map_err(|e| match e {
-            ServeError::SecretInSyncEnv(_) => Failure::config(e),
+            ServeError::SecretInSyncEnv(_) | ServeError::SandboxesDir { .. } => Failure::config(e),
             e => Failure::runtime(e),
         })?;
     Ok(Success {

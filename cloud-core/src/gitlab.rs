@@ -37,6 +37,9 @@ pub struct Project {
     pub path_with_namespace: String,
     /// The HTTP clone URL; git traffic goes here with the service token as the password.
     pub http_url_to_repo: String,
+    /// The project's page, for people.
+    #[serde(default)]
+    pub web_url: String,
 }
 
 /// A commit as `GET /projects/:id/repository/commits` lists it (the fields this crate reads).

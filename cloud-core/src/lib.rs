@@ -22,7 +22,9 @@
 //!   contract crate the watcher shares, re-exported as [`contract`]), [`RestoreForm`] and
 //!   [`SecretValue`];
 //! - **the ready-made server**: [`serve`] with a [`ServeConfig`] (what `shmastra-cloud serve`
-//!   runs), or [`app`] to mount the same routes in a backend's own server.
+//!   runs), or [`app`] to mount the same routes in a backend's own server; with a
+//!   [`WebConfig`], the workspace page (sign-in links from [`SignIn`], one
+//!   [`LocalSandboxes`] sandbox per user on one machine).
 //!
 //! The state every replica shares (sync jobs, recent pushes, webhook deliveries, statuses)
 //! joins this list as the state store.
@@ -99,6 +101,7 @@ mod serve;
 mod sync_queue;
 mod token;
 mod user;
+mod web;
 mod webhook;
 
 pub use shmastra_contract as contract;
@@ -135,5 +138,8 @@ pub use token::{
 pub use secrets::{FormProblem, RestoreForm, RestoreFormError, SecretValue, render_env};
 
 pub use serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, app, serve};
+pub use web::WebConfig;
+pub use web::sandboxes::{LocalSandboxes, watcher_on_path};
+pub use web::signin::SignIn;
 
 pub use user::{InvalidUserId, UserId};

@@ -1,6 +1,7 @@
 //! `shmastra-cloud serve`: the git proxy at `/api/git`, the GitLab push webhook at
-//! `/api/gitlab/webhook`, `/healthz`, and the local stand-in for starting a sync: a command
-//! run per external push, coalesced per user.
+//! `/api/gitlab/webhook`, `/healthz`, the workspace page ([`crate::web`]), and the local
+//! stand-in for starting a sync: a command run per external push, coalesced per user (and,
+//! with sandboxes on this machine, a sync of the user's sandbox).
 //!
 //! The accept loop is its own, not `axum::serve`: hyper's header timeout needs a timer, and
 //! the connection limit, the client address of each request and the end of every CGI child
@@ -30,6 +31,8 @@ use crate::proxy::upstream::{HttpUpstream, Upstream};
 use crate::proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
 use crate::sync_queue::{Queued, SyncQueue};
 use crate::token::TokenSigner;
+use crate::web::sandboxes::LocalSandboxes;
+use crate::web::{WebConfig, workspace};
 use crate::webhook::Webhook;
 
 /// Where the proxy forwards to.
@@ -81,6 +84,8 @@ pub struct ServeConfig {
     pub sync_env: Vec<String>,
     /// How many `--on-external-push` runs (for different users) go on at once.
     pub parallel_syncs: usize,
+    /// The workspace page: public URL, sandboxes on this machine.
+    pub web: WebConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +97,11 @@ pub enum ServeError {
     },
     #[error("cannot use {dir} as the upstream directory: {source}")]
     UpstreamDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set up the sandboxes directory {dir}: {source}")]
+    SandboxesDir {
         dir: PathBuf,
         source: std::io::Error,
     },
@@ -135,12 +145,15 @@ pub async fn serve(
         Some(command) => sync_runner(command, &config.sync_env, config.parallel_syncs)?,
         None => Arc::new(|_| {}) as OnExternalPush,
     };
-    let (app, children) = app_with_children(&config, on_external_push)?;
+    let (app, children, sandboxes) = app_with_children(&config, on_external_push, addr)?;
     tracing::info!(%addr, max_connections = config.connections.max_connections, "listening");
     on_listening(addr);
     let result = accept_loop(listener, app, &config.connections, shutdown).await;
     if let Some(children) = children {
         children.kill_all();
+    }
+    if let Some(sandboxes) = sandboxes {
+        sandboxes.stop_all().await;
     }
     result
 }
@@ -217,18 +230,35 @@ async fn accept_loop(
     Ok(())
 }
 
-/// The routes, for embedding in another server or testing without a socket.
-pub fn app(config: &ServeConfig, on_external_push: OnExternalPush) -> Result<Router, ServeError> {
-    app_with_children(config, on_external_push).map(|(app, _)| app)
+/// The routes, for embedding in another server or testing without a socket; `listen` is
+/// where the server is reached (sandboxes on this machine push through it).
+pub fn app(
+    config: &ServeConfig,
+    on_external_push: OnExternalPush,
+    listen: SocketAddr,
+) -> Result<Router, ServeError> {
+    app_with_children(config, on_external_push, listen).map(|(app, _, _)| app)
 }
 
-/// [`app`], and the embedded upstream's `git http-backend` children to end at shutdown.
+/// [`app`], the embedded upstream's `git http-backend` children to end at shutdown, and the
+/// sandboxes whose watchers to stop.
 fn app_with_children(
     config: &ServeConfig,
     on_external_push: OnExternalPush,
-) -> Result<(Router, Option<Children>), ServeError> {
+    listen: SocketAddr,
+) -> Result<(Router, Option<Children>, Option<LocalSandboxes>), ServeError> {
+    let sandboxes_dir = |source| ServeError::SandboxesDir {
+        dir: config
+            .web
+            .sandboxes
+            .as_ref()
+            .map(|s| s.root.clone())
+            .unwrap_or_default(),
+        source,
+    };
     let mut children = None;
     let mut gitlab_client = None;
+    let page;
     let upstream: Arc<dyn Upstream> = match &config.upstream {
         UpstreamChoice::Embedded(dir) => {
             let upstream = EmbeddedUpstream::with_protection(dir, !config.allow_history_rewrite)
@@ -238,6 +268,13 @@ fn app_with_children(
                 })?;
             tracing::info!(dir = %dir.display(), protected_history = !config.allow_history_rewrite, "upstream: embedded repositories");
             children = Some(upstream.children());
+            let history = EmbeddedUpstream::with_protection(dir, !config.allow_history_rewrite)
+                .map_err(|source| ServeError::UpstreamDir {
+                    dir: dir.clone(),
+                    source,
+                })?;
+            page = workspace(history, config.signer.clone(), &config.web, listen)
+                .map_err(sandboxes_dir)?;
             Arc::new(upstream)
         }
         UpstreamChoice::GitLab(gitlab_config) => {
@@ -245,6 +282,8 @@ fn app_with_children(
                 GitLab::new(gitlab_config).map_err(|e| ServeError::GitLab(e.to_string()))?;
             tracing::info!(api_url = %gitlab_config.api_url, "upstream: GitLab");
             gitlab_client = Some(gitlab.clone());
+            page = workspace(gitlab.clone(), config.signer.clone(), &config.web, listen)
+                .map_err(sandboxes_dir)?;
             let upstream = HttpUpstream::new(
                 Arc::new(gitlab),
                 "oauth2",
@@ -253,6 +292,13 @@ fn app_with_children(
             .map_err(|e| ServeError::GitLab(e.to_string()))?;
             Arc::new(upstream)
         }
+    };
+    let on_external_push = match page.on_push {
+        Some(sync) => Arc::new(move |push: ExternalPush| {
+            on_external_push(push.clone());
+            sync(push);
+        }) as OnExternalPush,
+        None => on_external_push,
     };
     let proxy = Proxy::new(
         config.signer.clone(),
@@ -274,7 +320,8 @@ fn app_with_children(
                 }
             }),
         )
-        .nest("/api/git", proxy.router());
+        .nest("/api/git", proxy.router())
+        .merge(page.router);
     match (&config.webhook_secret, gitlab_client) {
         (Some(secret), Some(gitlab)) => {
             let webhook = Webhook::new(
@@ -294,7 +341,7 @@ fn app_with_children(
             crate::webhook::WEBHOOK_SECRET_ENV
         ),
     }
-    Ok((app, children))
+    Ok((app, children, page.sandboxes))
 }
 
 /// Runs `command` (with `sh -c`) per external push, coalesced per user (see [`SyncQueue`]).

@@ -252,6 +252,19 @@ impl TokenSigner {
         )
     }
 
+    /// An HMAC-SHA256 under this signer's secret over `domain` and then each of `parts`
+    /// length-prefixed, for the other values the server signs (sign-in links, sessions). Each
+    /// use has its own domain tag, so no signed value can stand in for another kind.
+    pub(crate) fn tag(&self, domain: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+        let mut mac = self.keyed.clone();
+        mac.update(domain);
+        for part in parts {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        mac.finalize().into_bytes().into()
+    }
+
     /// The user `token` was minted for, or `None` for anything this signer did not mint, and
     /// for a token of an earlier generation than the user's current one. A generation store
     /// that cannot be read refuses the token (and logs why).

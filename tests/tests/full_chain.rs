@@ -96,6 +96,7 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
             allow_history_rewrite: false,
             sync_env: Vec::new(),
             parallel_syncs: 4,
+            web: Default::default(),
         },
         move |addr| {
             let _ = addr_tx.send(addr);

@@ -3,6 +3,8 @@
 //! record of the events it ran for.
 #![allow(dead_code)] // each test file uses its own part of the harness
 
+pub mod workspace;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

@@ -39,6 +39,10 @@ pub struct Save {
     pub kind: SaveKind,
     /// The subject line.
     pub subject: String,
+    /// The paths the save changed, as the watcher lists them in its message body (at most 20,
+    /// then `... and N more`); empty for a commit the watcher did not make.
+    #[serde(default)]
+    pub files: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +128,7 @@ impl<H: ProjectHost + SaveHistory> Orchestrator<H> {
                 Ok(Save {
                     time: utc(&time).ok_or_else(|| HistoryError::BadTime(time.clone()))?,
                     kind: classify(&message),
+                    files: listed_files(&message),
                     subject: message.lines().next().unwrap_or_default().to_owned(),
                     commit,
                 })
@@ -238,6 +243,19 @@ pub fn classify(message: &str) -> SaveKind {
     } else {
         SaveKind::Autosave
     })
+}
+
+/// The paths a watcher's message lists: its second paragraph, when the message has a third
+/// (the trailers) and the watcher made it.
+pub fn listed_files(message: &str) -> Vec<String> {
+    if classify(message) == SaveKind::Other {
+        return Vec::new();
+    }
+    let paragraphs: Vec<&str> = message.trim_end().split("\n\n").collect();
+    match paragraphs.as_slice() {
+        [_subject, paths, _trailers, ..] => paths.lines().map(str::to_owned).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// An ISO 8601 time with `Z` or an offset, fractions allowed, as RFC 3339 UTC seconds.
@@ -385,6 +403,18 @@ mod tests {
             );
             proptest::prop_assert_eq!(utc(&text), Some(expected), "{}", text);
         }
+    }
+
+    #[test]
+    fn files_come_from_the_watchers_body() {
+        assert_eq!(
+            listed_files(
+                "autosave: 2 files\n\na.ts\nsrc/b.ts\n\nSaved-by: project-watcher/0.1.0\nSave-kind: autosave\n"
+            ),
+            ["a.ts", "src/b.ts"]
+        );
+        assert!(listed_files("backup: x\n\nSaved-by: project-watcher/0.1.0\n").is_empty());
+        assert!(listed_files("a person's commit\n\nbody\n\nmore\n").is_empty());
     }
 
     #[test]

@@ -269,6 +269,11 @@ impl<H: ProjectHost> Orchestrator<H> {
         self.persistence.is_some()
     }
 
+    /// Where projects are created, when the feature is on.
+    pub fn host(&self) -> Option<&H> {
+        self.persistence.as_ref().map(|p| &p.host)
+    }
+
     /// Ensures the user's project, writes the watcher's environment, points the `project`
     /// remote at the proxy and starts the watcher. Running it again changes nothing.
     /// With the feature off it does nothing. This is for a sandbox that already holds the
@@ -707,7 +712,7 @@ pub enum BackfillOutcome {
 
 /// A duration as people write it: `15m`, `1h 30m`, `1s 500ms`, `2days` (whole
 /// milliseconds), as humantime writes it.
-fn short_duration(duration: Duration) -> String {
+pub(crate) fn short_duration(duration: Duration) -> String {
     let mut rest = duration.as_millis();
     let mut parts = Vec::new();
     for (unit, name) in [

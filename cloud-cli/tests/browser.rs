@@ -1,0 +1,511 @@
+//! The workspace page in a real headless browser: Debian's `chromium` driven through
+//! `chromedriver` (started here on a free port) with fantoccini, against the real `serve`
+//! with sandboxes on this machine and the real watcher in them. A missing chromium fails.
+//!
+//! Screenshots of each state go to `$SCREENSHOTS_DIR` when it is set (the README's come from
+//! `SCREENSHOTS_DIR=$PWD/docs cargo test -p shmastra-cloud --test browser`), else to a temp dir.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+use testkit::git::{git, init_repo, tree_of, tree_of_add_all};
+
+use common::workspace::Workspace;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// `chromedriver` on a free port in its own process group, which its chromium joins: the
+/// whole group is ended on drop, so no browser outlives the test.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A browser session in headless chromium.
+async fn browser() -> (Driver, Client) {
+    for needed in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
+        assert!(
+            Path::new(needed).exists(),
+            "{needed} is missing: install Debian's chromium and chromium-driver (.ci/run does)"
+        );
+    }
+    let port = free_port();
+    let child = Command::new("/usr/bin/chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("start chromedriver");
+    let driver = Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1100,900", "--no-first-run"],
+        }),
+    );
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .expect("a chromium session");
+    (driver, client)
+}
+
+/// Polls `check` until it returns `Some`, or panics after [`PATIENCE`] with the last page text.
+async fn eventually<T, F, Fut>(client: &Client, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            let text = text_of(client, "body").await.unwrap_or_default();
+            panic!("timed out waiting for {what}; the page says:\n{text}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn text_of(client: &Client, css: &str) -> Option<String> {
+    client.find(Locator::Css(css)).await.ok()?.text().await.ok()
+}
+
+async fn wait_label(client: &Client, label: &str) {
+    eventually(client, &format!("status {label:?}"), || async {
+        (text_of(client, "#status-label").await.as_deref() == Some(label)).then_some(())
+    })
+    .await
+}
+
+fn shots_dir(ws: &Workspace) -> PathBuf {
+    let dir = std::env::var_os("SCREENSHOTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| ws.sandboxes.parent().unwrap().join("screenshots"));
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    dir
+}
+
+async fn screenshot(client: &Client, ws: &Workspace, name: &str) {
+    let png = client.screenshot().await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    std::fs::write(shots_dir(ws).join(format!("workspace-{name}.png")), png).expect("write PNG");
+}
+
+/// Records every status state the page shows from now on, and a marker a reload would erase.
+async fn record_states(client: &Client) {
+    client
+        .execute(
+            "window.__noReload = true; window.__states = []; \
+             var s = document.getElementById('status'); \
+             new MutationObserver(function () { var b = s.querySelector('.status'); \
+               if (b) { window.__states.push(b.dataset.state); } }) \
+               .observe(s, { childList: true, subtree: true });",
+            vec![],
+        )
+        .await
+        .expect("install the recorder");
+}
+
+async fn recorded(client: &Client) -> (bool, Vec<String>) {
+    let v = client
+        .execute(
+            "return [window.__noReload === true, window.__states || []];",
+            vec![],
+        )
+        .await
+        .expect("read the recorder");
+    let no_reload = v[0].as_bool().unwrap_or(false);
+    let states = match &v[1] {
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    };
+    (no_reload, states)
+}
+
+fn commit_push(laptop: &Path, files: &[(&str, Option<&str>)], message: &str) -> String {
+    for (path, content) in files {
+        match content {
+            Some(content) => std::fs::write(laptop.join(path), content).unwrap(),
+            None => std::fs::remove_file(laptop.join(path)).unwrap(),
+        }
+    }
+    git(laptop, ["add", "-A"]);
+    git(laptop, ["commit", "-qm", message]);
+    git(laptop, ["push", "-q", "origin", "HEAD:main"]);
+    git(laptop, ["rev-parse", "HEAD"]).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_expired_and_reused_links_and_another_users_page() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (_driver, client) = browser().await;
+
+    client.goto(&ws.link("alice", "0s")).await.unwrap();
+    let message = text_of(&client, "#message").await.unwrap();
+    assert!(message.contains("expired"), "{message}");
+    screenshot(&client, &ws, "link-expired").await;
+
+    let link = ws.link("alice", "15m");
+    client.goto(&link).await.unwrap();
+    wait_label(&client, "Ready").await;
+    let url = client.current_url().await.unwrap();
+    assert_eq!(url.path(), "/u/alice");
+    let h1 = text_of(&client, "h1").await.unwrap();
+    assert_eq!(h1, "Workspace of alice");
+    // The cookie is HttpOnly: the page's scripts cannot read it.
+    let cookies = client
+        .execute("return document.cookie;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(cookies, json!(""));
+
+    client.goto(&link).await.unwrap();
+    let message = text_of(&client, "#message").await.unwrap();
+    assert!(message.contains("already used"), "{message}");
+
+    // A link opened from another site (a mail, a chat): the session cookie is SameSite=Strict,
+    // and still the page opens signed in.
+    let from_elsewhere = ws.link("alice", "15m");
+    client
+        .goto(&format!(
+            "data:text/html,<a id=go href='{from_elsewhere}'>sign in</a>"
+        ))
+        .await
+        .unwrap();
+    client
+        .find(Locator::Id("go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_label(&client, "Ready").await;
+
+    // bob signs in in the same browser and tries alice's page.
+    client.goto(&ws.link("bob", "15m")).await.unwrap();
+    wait_label(&client, "Ready").await;
+    client.goto(&ws.serve.url("/u/alice")).await.unwrap();
+    assert_eq!(text_of(&client, "h1").await.unwrap(), "Not your project");
+    screenshot(&client, &ws, "other-user-refused").await;
+    client.close().await.unwrap();
+    ws.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dot_follows_a_laptop_push_live_breaks_with_the_tail_and_a_save_restores() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (_driver, client) = browser().await;
+    client.goto(&ws.link("alice", "15m")).await.unwrap();
+    wait_label(&client, "Ready").await;
+    screenshot(&client, &ws, "ready").await;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let laptop = tmp.path().join("laptop");
+    // The new sandbox's watcher saves `shmastra.json` first; the laptop clones after that.
+    let upstream = ws.upstream_repo("alice");
+    eventually(&client, "the sandbox's first save pushed", || async {
+        tree_of(&upstream, "main")
+    })
+    .await;
+    ws.laptop("alice", &laptop);
+    record_states(&client).await;
+    let first = commit_push(
+        &laptop,
+        &[("a.txt", Some("one\n")), ("package.json", Some("{}\n"))],
+        "laptop: first",
+    );
+    let (no_reload, states) = eventually(&client, "syncing, then ready", || async {
+        let (no_reload, states) = recorded(&client).await;
+        (states.iter().any(|s| s == "syncing")
+            && states.last().map(String::as_str) == Some("ready"))
+        .then_some((no_reload, states))
+    })
+    .await;
+    assert!(no_reload, "the page reloaded: {states:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.project("alice").join("a.txt")).unwrap(),
+        "one\n"
+    );
+
+    // A push whose install fails: Broken, with the step and the output tail, live.
+    record_states(&client).await;
+    commit_push(
+        &laptop,
+        &[
+            (
+                "package.json",
+                Some("{\"dependencies\": {\"left-pad\": \"9.9.9\"}}\n"),
+            ),
+            ("break-install", Some("\n")),
+            ("a.txt", Some("two\n")),
+        ],
+        "laptop: a dependency that does not exist",
+    );
+    wait_label(&client, "Broken").await;
+    let step = text_of(&client, "#failure-step").await.unwrap();
+    assert!(step.contains("install"), "{step}");
+    let tail = text_of(&client, "#failure-tail").await.unwrap();
+    assert!(
+        tail.contains("No matching version found for left-pad@9.9.9"),
+        "{tail}"
+    );
+    let (no_reload, states) = recorded(&client).await;
+    assert!(
+        no_reload && states.contains(&"broken".to_owned()),
+        "{states:?}"
+    );
+    screenshot(&client, &ws, "broken").await;
+
+    // The fix: Ready again.
+    commit_push(
+        &laptop,
+        &[("package.json", Some("{}\n")), ("break-install", None)],
+        "laptop: back to no dependencies",
+    );
+    wait_label(&client, "Ready").await;
+
+    // The history lists the first save; its diff opens; restoring it makes the tree as it was.
+    let save = format!("//li[@data-commit='{first}']");
+    eventually(&client, "the first save in the history", || async {
+        client.find(Locator::XPath(&save)).await.ok()
+    })
+    .await;
+    // The watcher's first save lists its file; a laptop commit lists none (git says nothing
+    // without a diff per commit, and the diff is one click away).
+    let files = text_of(&client, "#saves li:last-child .files").await;
+    assert_eq!(files.as_deref(), Some("shmastra.json"));
+    screenshot(&client, &ws, "history").await;
+    client
+        .find(Locator::XPath(&format!(
+            "{save}//a[contains(@class,'diff')]"
+        )))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let diff = text_of(&client, "#diff").await.unwrap();
+    assert!(diff.contains("a.txt") && diff.contains("+one"), "{diff}");
+    client.back().await.unwrap();
+    wait_label(&client, "Ready").await;
+    client
+        .find(Locator::XPath(&format!("{save}//button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .accept_alert()
+        .await
+        .expect("a confirmation before restoring");
+    let saved_tree = tree_of(&ws.upstream_repo("alice"), &first).unwrap();
+    let project = ws.project("alice");
+    eventually(
+        &client,
+        "the sandbox's tree as at the first save",
+        || async { (tree_of_add_all(&project) == saved_tree).then_some(()) },
+    )
+    .await;
+    wait_label(&client, "Ready").await;
+    assert_eq!(tree_of(&project, "HEAD").unwrap(), saved_tree);
+    // The running watcher pushes the restore.
+    eventually(&client, "the restore pushed", || async {
+        (tree_of(&upstream, "main").as_deref() == Some(saved_tree.as_str())).then_some(())
+    })
+    .await;
+    client.close().await.unwrap();
+    ws.stop();
+}
+
+/// alice's saved project names two secrets; she has no sandbox yet.
+fn saved_project_with_secrets(upstream: &Path) {
+    let work = upstream.parent().unwrap().join("seed");
+    init_repo(&work);
+    std::fs::write(
+        work.join("shmastra.json"),
+        "{\n  \"version\": 1,\n  \"env\": [\n    \"API_KEY\",\n    \"DATABASE_URL\"\n  ]\n}\n",
+    )
+    .unwrap();
+    std::fs::write(work.join("app.js"), "console.log('hi');\n").unwrap();
+    git(&work, ["add", "-A"]);
+    git(&work, ["commit", "-qm", "saved project"]);
+    let bare = upstream.join("alice.git");
+    git(
+        upstream,
+        ["init", "-q", "--bare", "-b", "main", bare.to_str().unwrap()],
+    );
+    git(&work, ["push", "-q", bare.to_str().unwrap(), "HEAD:main"]);
+}
+
+/// Every file under `dir` whose bytes contain `needle`, except `skip`.
+fn files_containing(dir: &Path, needle: &str, skip: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() && path != skip {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restore_form_checks_the_secrets_and_writes_them_only_to_env() {
+    const API_KEY: &str = "sk-live a#b \"quoted\" $HOME";
+    const DATABASE_URL: &str = "postgres://u:p@db/x?ssl=true";
+    let mut ws = Workspace::start(&[], saved_project_with_secrets);
+    let (_driver, client) = browser().await;
+    client.goto(&ws.link("alice", "15m")).await.unwrap();
+    wait_label(&client, "Needs your secrets").await;
+    screenshot(&client, &ws, "restore-form").await;
+
+    // Only one of the two: the other gets an error next to its field, nothing is echoed.
+    client
+        .find(Locator::Id("env-API_KEY"))
+        .await
+        .unwrap()
+        .send_keys(API_KEY)
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("#restore-project button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let error = eventually(&client, "the error next to DATABASE_URL", || async {
+        text_of(&client, ".error[data-field='DATABASE_URL']").await
+    })
+    .await;
+    assert!(error.contains("missing"), "{error}");
+    let value = client
+        .find(Locator::Id("env-API_KEY"))
+        .await
+        .unwrap()
+        .prop("value")
+        .await
+        .unwrap();
+    assert_eq!(value.as_deref(), Some(""), "a submitted value came back");
+    assert!(!client.source().await.unwrap().contains("sk-live"));
+    assert!(!ws.project("alice").join(".env").exists());
+    screenshot(&client, &ws, "restore-form-errors").await;
+
+    for (field, value) in [("env-API_KEY", API_KEY), ("env-DATABASE_URL", DATABASE_URL)] {
+        client
+            .find(Locator::Id(field))
+            .await
+            .unwrap()
+            .send_keys(value)
+            .await
+            .unwrap();
+    }
+    client
+        .find(Locator::Css("#restore-project button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_label(&client, "Ready").await;
+    let env_file = ws.project("alice").join(".env");
+    let read: Vec<(String, String)> = dotenvy::from_path_iter(&env_file)
+        .unwrap()
+        .map(|item| item.unwrap())
+        .collect();
+    assert_eq!(
+        read,
+        vec![
+            ("API_KEY".to_owned(), API_KEY.to_owned()),
+            ("DATABASE_URL".to_owned(), DATABASE_URL.to_owned())
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.project("alice").join("app.js")).unwrap(),
+        "console.log('hi');\n"
+    );
+
+    // Refresh and back re-submit nothing: the page is a GET after a redirect.
+    client.refresh().await.unwrap();
+    wait_label(&client, "Ready").await;
+    client.back().await.unwrap();
+    wait_label(&client, "Ready").await;
+    assert_eq!(client.current_url().await.unwrap().path(), "/u/alice");
+    assert!(
+        text_of(&client, "#notice").await.is_none(),
+        "a form was re-submitted"
+    );
+    client.close().await.unwrap();
+    ws.stop();
+
+    // Nowhere but `.env`: not in serve's log, the sandboxes' other files, or the upstream.
+    for value in [API_KEY, DATABASE_URL] {
+        assert!(!ws.serve.logs().contains(value), "serve logged a secret");
+        assert_eq!(
+            files_containing(&ws.sandboxes, value, &env_file),
+            Vec::<PathBuf>::new()
+        );
+        assert_eq!(
+            files_containing(&ws.upstream, value, Path::new("")),
+            Vec::<PathBuf>::new()
+        );
+        let history = git(&ws.upstream_repo("alice"), ["log", "--all", "-p"]);
+        assert!(
+            !history.contains(value),
+            "a secret reached the saved history"
+        );
+    }
+}

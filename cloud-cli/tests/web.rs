@@ -1,0 +1,420 @@
+//! The workspace page over plain HTTP against the real `serve` (no browser): sign-in links
+//! (one use, expiry, forgery), the session cookie's flags, the security headers, another
+//! user's project (403), and CSRF (token and Origin) on every state-changing request.
+
+mod common;
+
+use std::path::Path;
+
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, LOCATION, SET_COOKIE};
+use testkit::git::git;
+
+use common::DEADLINE;
+use common::workspace::{Workspace, csrf_of};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+/// GET with an optional cookie: status, headers, body.
+fn get(url: &str, cookie: Option<&str>) -> (StatusCode, HeaderMap, String) {
+    block(async {
+        let mut request = client().get(url);
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", format!("shmastra_session={cookie}"));
+        }
+        let response = request.send().await.expect("GET");
+        let status = response.status();
+        let headers = response.headers().clone();
+        (status, headers, response.text().await.expect("body"))
+    })
+}
+
+fn post(
+    url: &str,
+    cookie: &str,
+    origin: Option<&str>,
+    form: &[(&str, &str)],
+) -> (StatusCode, String) {
+    block(async {
+        let mut request = client()
+            .post(url)
+            .header("cookie", format!("shmastra_session={cookie}"))
+            .form(form);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        let response = request.send().await.expect("POST");
+        (response.status(), response.text().await.expect("body"))
+    })
+}
+
+/// Opens `link`; the session cookie's value and the whole `Set-Cookie` line.
+fn sign_in(link: &str) -> (String, String) {
+    let (status, headers, body) = get(link, None);
+    assert_eq!(status, StatusCode::OK, "sign-in answered {status}: {body}");
+    let line = headers
+        .get(SET_COOKIE)
+        .expect("a session cookie")
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let value = line
+        .strip_prefix("shmastra_session=")
+        .and_then(|rest| rest.split(';').next())
+        .expect("the session cookie")
+        .to_owned();
+    (value, line)
+}
+
+#[test]
+fn a_link_signs_in_once_expires_and_cannot_be_forged() {
+    let ws = Workspace::start(&[], |_| {});
+    let link = ws.link("alice", "15m");
+    let (status, headers, body) = get(&link, None);
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body.contains(r#"http-equiv="refresh" content="0; url=/u/alice""#),
+        "{body}"
+    );
+    let cookie = headers.get(SET_COOKIE).unwrap().to_str().unwrap();
+    let flags: Vec<&str> = cookie.split("; ").skip(1).collect();
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(flags.contains(&flag), "{flag} missing from {cookie}");
+    }
+    assert!(!flags.contains(&"Secure"), "plain http: {cookie}");
+
+    let (status, _, body) = get(&link, None);
+    assert_eq!(status, StatusCode::GONE, "a reused link: {body}");
+    assert!(body.contains("already used"), "{body}");
+
+    let expired = ws.link("alice", "0s");
+    let (status, _, body) = get(&expired, None);
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body.contains("expired"), "{body}");
+
+    // bob's name under a link minted for alice.
+    let fresh = ws.link("alice", "15m");
+    let forged = fresh.replacen(".YWxpY2U.", ".Ym9i.", 1);
+    assert_ne!(forged, fresh);
+    let (status, _, body) = get(&forged, None);
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body.contains("not valid"), "{body}");
+    // The forgery spent nothing: the real link still signs in.
+    sign_in(&fresh);
+
+    let (status, _, body) = get(&ws.serve.url("/u/alice"), None);
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "no session");
+    assert!(body.contains("login-link"), "{body}");
+    let (status, _, _) = get(
+        &ws.serve.url("/u/alice"),
+        Some("s1.YWxpY2U.9999999999.AAAA.AAAA"),
+    );
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a forged session");
+}
+
+#[test]
+fn behind_https_the_cookie_is_secure_and_the_page_has_its_security_headers() {
+    let ws = Workspace::start(&["--public-url", "https://cloud.example"], |_| {});
+    let link = ws.link("alice", "15m");
+    let local = link.replacen("https://cloud.example", &ws.serve.url(""), 1);
+    let (cookie, line) = sign_in(&local);
+    assert!(line.split("; ").any(|f| f == "Secure"), "{line}");
+    let (status, headers, body) = get(&ws.serve.url("/u/alice"), Some(&cookie));
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+    let csp = header("content-security-policy").expect("a CSP");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(header("x-frame-options").as_deref(), Some("DENY"));
+    assert_eq!(header("referrer-policy").as_deref(), Some("same-origin"));
+    assert_eq!(header("cache-control").as_deref(), Some("no-store"));
+    assert!(!body.contains("<script>"), "no inline script: {body}");
+    assert!(
+        body.contains("https://cloud.example/api/git/alice.git"),
+        "{body}"
+    );
+}
+
+/// alice's project with one save, pushed from her laptop; her session cookie and the page.
+fn alice_with_a_save(ws: &Workspace, laptop: &Path) -> (String, String) {
+    ws.laptop("alice", laptop);
+    std::fs::write(laptop.join("a.txt"), "one\n").unwrap();
+    git(laptop, ["add", "-A"]);
+    git(laptop, ["commit", "-qm", "first"]);
+    git(laptop, ["push", "-q", "origin", "HEAD:main"]);
+    let (cookie, _) = sign_in(&ws.link("alice", "15m"));
+    let page = testkit::wait::until(DEADLINE, "the save in the history", || {
+        let (_, _, page) = get(&ws.serve.url("/u/alice"), Some(&cookie));
+        page.contains("restore-version").then_some(page)
+    });
+    (cookie, page)
+}
+
+#[test]
+fn another_users_project_is_forbidden() {
+    let ws = Workspace::start(&[], |_| {});
+    let tmp = tempfile::tempdir().unwrap();
+    let (alice, page) = alice_with_a_save(&ws, tmp.path());
+    let csrf = csrf_of(&page);
+    let (bob, _) = sign_in(&ws.link("bob", "15m"));
+    for path in ["/u/alice", "/u/alice/events", "/u/alice/history"] {
+        let (status, _, body) = get(&ws.serve.url(path), Some(&bob));
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+        assert!(!body.contains("a.txt"), "{path} leaked alice's project");
+    }
+    let commit = git(&ws.upstream_repo("alice"), ["rev-parse", "main"]);
+    let (status, _, _) = get(
+        &ws.serve.url(&format!("/u/alice/saves/{}", commit.trim())),
+        Some(&bob),
+    );
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    // Even with alice's CSRF token, bob's session cannot act on her project.
+    let (status, _) = post(
+        &ws.serve.url("/u/alice/restore-version"),
+        &bob,
+        None,
+        &[("csrf", &csrf), ("commit", commit.trim())],
+    );
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = get(&ws.serve.url("/u/alice"), Some(&alice));
+    assert_eq!(status, StatusCode::OK);
+}
+
+/// A refused POST: what it lacks, its `Origin`, its form.
+type Attempt<'a> = (&'a str, Option<&'a str>, &'a [(&'a str, &'a str)]);
+
+#[test]
+fn a_post_needs_the_sessions_csrf_token_and_this_origin() {
+    let ws = Workspace::start(&[], |_| {});
+    let tmp = tempfile::tempdir().unwrap();
+    let (cookie, page) = alice_with_a_save(&ws, tmp.path());
+    let csrf = csrf_of(&page);
+    // Another session of alice's has another token.
+    let (other_session, _) = sign_in(&ws.link("alice", "15m"));
+    let (_, _, other_page) = get(&ws.serve.url("/u/alice"), Some(&other_session));
+    let other_csrf = csrf_of(&other_page);
+    assert_ne!(csrf, other_csrf);
+    let head = git(&ws.upstream_repo("alice"), ["rev-parse", "main"]);
+    let head = head.trim();
+    let url = ws.serve.url("/u/alice/restore-version");
+    let own_origin = ws.serve.url("");
+    let refused: [Attempt; 4] = [
+        ("no token", None, &[("commit", head)]),
+        ("a wrong token", None, &[("csrf", "x"), ("commit", head)]),
+        (
+            "another session's token",
+            None,
+            &[("csrf", &other_csrf), ("commit", head)],
+        ),
+        (
+            "another origin",
+            Some("http://evil.example"),
+            &[("csrf", &csrf), ("commit", head)],
+        ),
+    ];
+    for (what, origin, form) in refused {
+        let (status, body) = post(&url, &cookie, origin, form);
+        assert_eq!(status, StatusCode::FORBIDDEN, "{what}: {body}");
+    }
+    let (status, _) = post(
+        &ws.serve.url("/u/alice/restore-project"),
+        &cookie,
+        None,
+        &[("env.API_KEY", "x")],
+    );
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "restore-project without a token"
+    );
+    let (status, _) = post(
+        &url,
+        &cookie,
+        Some(&own_origin),
+        &[("csrf", &csrf), ("commit", head)],
+    );
+    assert_eq!(status, StatusCode::SEE_OTHER, "the page's own form");
+}
+
+#[test]
+fn login_link_refuses_a_ttl_over_a_day_and_a_bad_user() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
+            .arg("login-link")
+            .args(args)
+            .env_clear()
+            .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET)
+            .output()
+            .expect("login-link")
+    };
+    let out = run(&["--user", "alice", "--ttl", "25h"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at most"));
+    let out = run(&["--user", "Alice"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["--user", "alice"]);
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("http://127.0.0.1:8080/login?t=l1."),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn with_gitlab_and_no_sandboxes_the_page_shows_the_history_and_the_gitlab_project() {
+    use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
+    use testkit::git_server::GitServer;
+
+    let repos = tempfile::tempdir().unwrap();
+    let server = GitServer::start(repos.path());
+    let bare = server.create_bare(&format!("{GROUP_PATH}/alice.git"));
+    server.require_password(SERVICE_TOKEN);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let gitlab = runtime.block_on(FakeGitLab::start());
+    gitlab.set_repo_base(&server.base_url());
+    gitlab.add_project("alice");
+    gitlab.set_repository("alice", &bare);
+    let serve = common::Serve::start(
+        common::workspace::SECRET,
+        &[],
+        &[
+            ("GITLAB_SERVICE_TOKEN", SERVICE_TOKEN),
+            ("GITLAB_GROUP_ID", &GROUP_ID.to_string()),
+            ("GITLAB_API_URL", &gitlab.api_url()),
+        ],
+        "true",
+    );
+    let laptop = serve.tmp.path().join("laptop");
+    testkit::git::init_repo(&laptop);
+    std::fs::write(laptop.join("a.txt"), "a\n").unwrap();
+    git(&laptop, ["add", "-A"]);
+    git(&laptop, ["commit", "-qm", "from the laptop"]);
+    git(
+        &laptop,
+        ["push", "-q", &serve.remote_url("alice"), "HEAD:main"],
+    );
+    let head = git(&laptop, ["rev-parse", "HEAD"]).trim().to_owned();
+
+    let link = {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
+            .args([
+                "login-link",
+                "--user",
+                "alice",
+                "--public-url",
+                &serve.url(""),
+            ])
+            .env_clear()
+            .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let (cookie, _) = sign_in(&link);
+    let (status, _, page) = get(&serve.url("/u/alice"), Some(&cookie));
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains(&format!("data-commit=\"{head}\"")), "{page}");
+    assert!(page.contains("from the laptop"), "{page}");
+    assert!(
+        page.contains(&format!("/{GROUP_PATH}/alice\""))
+            && page.contains("Open the project on GitLab"),
+        "{page}"
+    );
+    assert!(page.contains("No sandbox on this server"), "{page}");
+    assert!(
+        !page.contains("restore-version"),
+        "nothing to restore here: {page}"
+    );
+    // A save's diff is GitLab's commit page.
+    let (status, headers, _) = get(&serve.url(&format!("/u/alice/saves/{head}")), Some(&cookie));
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let location = headers.get(LOCATION).unwrap().to_str().unwrap();
+    assert!(
+        location.ends_with(&format!("/{GROUP_PATH}/alice/-/commit/{head}")),
+        "{location}"
+    );
+}
+
+#[test]
+fn a_sandboxs_watcher_is_supervised_and_serve_stops_it() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (cookie, _) = sign_in(&ws.link("alice", "15m"));
+    let (status, _, _) = get(&ws.serve.url("/u/alice"), Some(&cookie));
+    assert_eq!(status, StatusCode::OK);
+    let pid_file = ws.sandboxes.join("alice/watcher.pid");
+    let alive = |pid: &str| {
+        Path::new(&format!("/proc/{pid}/stat")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z")
+    };
+    let first = testkit::wait::until(DEADLINE, "the watcher running", || {
+        let pid = std::fs::read_to_string(&pid_file).ok()?;
+        alive(pid.trim()).then(|| pid.trim().to_owned())
+    });
+    // A crash (SIGKILL): the supervisor starts it again.
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &first])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let second = testkit::wait::until(DEADLINE, "a new watcher", || {
+        let pid = std::fs::read_to_string(&pid_file).ok()?;
+        let pid = pid.trim().to_owned();
+        (pid != first && alive(&pid)).then_some(pid)
+    });
+    ws.stop();
+    assert!(!alive(&second), "the watcher outlived serve");
+}
+
+#[test]
+fn a_form_body_over_two_mib_is_refused_and_sandboxes_need_a_watcher() {
+    let ws = Workspace::start(&[], |_| {});
+    let (cookie, _) = sign_in(&ws.link("alice", "15m"));
+    let big = "x".repeat(3 << 20);
+    let (status, _) = post(
+        &ws.serve.url("/u/alice/restore-project"),
+        &cookie,
+        None,
+        &[("env.API_KEY", &big)],
+    );
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        !ws.serve.logs().contains(&big[..64]),
+        "the body reached a log"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream-dir"])
+        .arg(tmp.path().join("up"))
+        .arg("--sandboxes-dir")
+        .arg(tmp.path().join("sb"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--watcher-bin"), "{stderr}");
+}

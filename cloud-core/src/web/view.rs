@@ -1,0 +1,332 @@
+//! The workspace page's HTML (maud, compiled in): the page, its status fragment (also what the
+//! server-sent events carry), the history fragment, a save's diff, and the one-message pages.
+//! Every state is text plus a shape, so it reads without colour.
+
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+
+use crate::orchestrate::history::{Save, SaveKind};
+use crate::orchestrate::{ProvisionStep, SandboxStatus};
+use crate::secrets::FormProblem;
+
+/// How the project is reached from a laptop.
+pub enum ProjectLink {
+    /// GitLab's project page.
+    GitLab { web_url: String },
+    /// The embedded upstream: the clone URL and the user's project token (the git password).
+    Embedded { clone_url: String, token: String },
+}
+
+/// Everything the page shows.
+pub struct PageData<'a> {
+    pub user: &'a str,
+    pub csrf: &'a str,
+    pub status: Option<&'a SandboxStatus>,
+    pub sandboxes: bool,
+    pub project: Option<ProjectLink>,
+    pub history: Result<Vec<Save>, String>,
+    pub notice: Option<&'a str>,
+    pub problems: &'a [FormProblem],
+}
+
+fn layout(title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) }
+                link rel="stylesheet" href="/static/page.css";
+            }
+            body { (body) }
+        }
+    }
+}
+
+/// A page with one message (a refused link, a missing session, a forbidden project).
+pub fn message_page(title: &str, message: &str) -> Markup {
+    layout(
+        title,
+        html! {
+            main {
+                h1 { (title) }
+                p #message { (message) }
+            }
+        },
+    )
+}
+
+/// The answer to a redeemed link: it goes on to the workspace by a refresh from this origin,
+/// not by an HTTP redirect. A link opened from a mail or a chat is a cross-site navigation, and
+/// a redirect inherits that: the browser would not send the `SameSite=Strict` cookie it just
+/// set. The refresh is a navigation this page starts, so the cookie goes with it.
+pub fn signed_in_page(user: &str) -> Markup {
+    let target = format!("/u/{user}");
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta http-equiv="refresh" content={"0; url=" (target)};
+                title { "Signed in" }
+                link rel="stylesheet" href="/static/page.css";
+            }
+            body {
+                main {
+                    h1 { "Signed in" }
+                    p #message { "Opening your workspace… " a href=(target) { "continue" } }
+                }
+            }
+        }
+    }
+}
+
+pub fn page(data: &PageData<'_>) -> Markup {
+    layout(
+        "Your workspace",
+        html! {
+            main #workspace data-user=(data.user) {
+                h1 { "Workspace of " (data.user) }
+                @if let Some(notice) = data.notice {
+                    p #notice role="alert" { (notice) }
+                }
+                section #status aria-live="polite" {
+                    (status_fragment(data.user, data.csrf, data.status, data.sandboxes, data.problems))
+                }
+                section #project { (project(data.project.as_ref())) }
+                section #history {
+                    (history_fragment(data.user, data.csrf, &data.history, can_restore(data.status, data.sandboxes)))
+                }
+            }
+            script src="/static/page.js" {}
+        },
+    )
+}
+
+/// (state name, shape, label) of a status.
+fn badge(status: Option<&SandboxStatus>, sandboxes: bool) -> (&'static str, &'static str, String) {
+    match status {
+        None if sandboxes => ("starting", "◌", "Starting".into()),
+        None => ("none", "○", "No sandbox on this server".into()),
+        Some(SandboxStatus::Ready) => ("ready", "●", "Ready".into()),
+        Some(SandboxStatus::Syncing) => ("syncing", "◐", "Syncing".into()),
+        Some(SandboxStatus::Restoring) => ("syncing", "◐", "Restoring an earlier version".into()),
+        Some(SandboxStatus::Provisioning { step }) => (
+            "syncing",
+            "◐",
+            match step {
+                ProvisionStep::Creating => "Creating your sandbox",
+                ProvisionStep::Restoring => "Restoring your project",
+                ProvisionStep::Starting => "Starting your project",
+            }
+            .into(),
+        ),
+        Some(SandboxStatus::Broken { .. }) => ("broken", "✖", "Broken".into()),
+        Some(SandboxStatus::NeedsSecrets { .. }) => ("secrets", "◆", "Needs your secrets".into()),
+        Some(SandboxStatus::NeedsAttention { .. }) => ("attention", "▲", "Needs attention".into()),
+    }
+}
+
+/// The status block: dot, label, and what goes with the state (the failure, the restore form).
+pub fn status_fragment(
+    user: &str,
+    csrf: &str,
+    status: Option<&SandboxStatus>,
+    sandboxes: bool,
+    problems: &[FormProblem],
+) -> Markup {
+    let (state, shape, label) = badge(status, sandboxes);
+    html! {
+        p .status data-state=(state) {
+            span .dot aria-hidden="true" { (shape) }
+            " "
+            strong #status-label { (label) }
+        }
+        @match status {
+            Some(SandboxStatus::Broken { failure }) => {
+                div #failure {
+                    p { "Step: " strong #failure-step { (failure.step) } }
+                    p #failure-message { (failure.message) }
+                    @if !failure.tail.is_empty() { pre #failure-tail { (failure.tail) } }
+                }
+            }
+            Some(SandboxStatus::NeedsSecrets { names }) => {
+                (restore_form(user, csrf, names, problems))
+            }
+            Some(SandboxStatus::NeedsAttention { reason }) => { p #attention { (reason) } }
+            _ => {}
+        }
+    }
+}
+
+fn problem_for<'a>(problems: &'a [FormProblem], field: &str) -> Option<&'a FormProblem> {
+    problems.iter().find(|p| match p {
+        FormProblem::Missing { name }
+        | FormProblem::Duplicate { name }
+        | FormProblem::ContainsNul { name }
+        | FormProblem::TooLarge { name, .. } => name == field,
+        FormProblem::Unexpected { .. } | FormProblem::TotalTooLarge { .. } => false,
+    })
+}
+
+/// The restore project form: one password field per secret the saved `shmastra.json` names.
+/// Values are never put back into it.
+fn restore_form(user: &str, csrf: &str, names: &[String], problems: &[FormProblem]) -> Markup {
+    html! {
+        form #restore-project method="post" action={"/u/" (user) "/restore-project"} autocomplete="off" {
+            h2 { "Restore project" }
+            p { "Your project is back. Its secrets were never saved: enter them to start it." }
+            input type="hidden" name="csrf" value=(csrf);
+            @for name in names {
+                @let problem = problem_for(problems, name);
+                div .field {
+                    label for={"env-" (name)} { (name) }
+                    input type="password" id={"env-" (name)} name={"env." (name)} autocomplete="off"
+                        aria-invalid=[problem.map(|_| "true")];
+                    @if let Some(problem) = problem {
+                        span .error role="alert" data-field=(name) { "✖ " (problem) }
+                    }
+                }
+            }
+            @for problem in problems.iter().filter(|p| matches!(p, FormProblem::Unexpected { .. } | FormProblem::TotalTooLarge { .. })) {
+                p .error role="alert" { "✖ " (problem) }
+            }
+            button type="submit" { "Restore project" }
+        }
+    }
+}
+
+fn project(link: Option<&ProjectLink>) -> Markup {
+    html! {
+        h2 { "Project" }
+        @match link {
+            Some(ProjectLink::GitLab { web_url }) => {
+                a #project-button .button href=(web_url) rel="noopener noreferrer" { "Open the project on GitLab" }
+            }
+            Some(ProjectLink::Embedded { clone_url, token }) => {
+                p { "Clone it on your laptop, edit, and push: your sandbox follows." }
+                pre #clone-commands {
+                    "git clone " (clone_url) " shmastra\n"
+                    "cd shmastra && git add -A && git commit -m 'my change' && git push"
+                }
+                details {
+                    summary { "Git asks for a password: your project token" }
+                    code #project-token { (token) }
+                }
+            }
+            None => { p { "Project persistence is off on this server." } }
+        }
+    }
+}
+
+fn kind_name(kind: SaveKind) -> &'static str {
+    match kind {
+        SaveKind::Autosave => "autosave",
+        SaveKind::Restore => "restore",
+        SaveKind::Sync => "sync",
+        SaveKind::Backup => "backup",
+        SaveKind::Other => "other",
+    }
+}
+
+/// Whether "Restore this version" is offered: this server runs the user's sandbox, and it is
+/// up (not being made, nor waiting for its secrets).
+pub fn can_restore(status: Option<&SandboxStatus>, sandboxes: bool) -> bool {
+    sandboxes
+        && matches!(
+            status,
+            Some(SandboxStatus::Ready | SandboxStatus::Broken { .. })
+        )
+}
+
+/// The saves, newest first, each opening its diff, with "Restore this version" when
+/// `can_restore`.
+pub fn history_fragment(
+    user: &str,
+    csrf: &str,
+    history: &Result<Vec<Save>, String>,
+    can_restore: bool,
+) -> Markup {
+    html! {
+        h2 { "History" }
+        @match history {
+            Err(why) => p .error { (why) },
+            Ok(saves) if saves.is_empty() => p { "No saves yet." },
+            Ok(saves) => {
+                ol #saves {
+                    @for save in saves {
+                        li .save data-commit=(save.commit) {
+                            time datetime=(save.time) { (save.time) }
+                            " "
+                            span .kind { (kind_name(save.kind)) }
+                            " "
+                            a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
+                            @if !save.files.is_empty() {
+                                " "
+                                span .files { (save.files.join(", ")) }
+                            }
+                            @if can_restore {
+                                form .restore-version method="post" action={"/u/" (user) "/restore-version"} {
+                                    input type="hidden" name="csrf" value=(csrf);
+                                    input type="hidden" name="commit" value=(save.commit);
+                                    button type="submit" { "Restore this version" }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One save's diff (`git show`'s text).
+pub fn diff_page(user: &str, commit: &str, text: &str) -> Markup {
+    layout(
+        "A save",
+        html! {
+            main {
+                p { a href={"/u/" (user)} { "← back to the workspace" } }
+                h1 { "Save " code { (commit.get(..12).unwrap_or(commit)) } }
+                pre #diff { (text) }
+            }
+        },
+    )
+}
+
+/// The page's script: live status over server-sent events, a confirmation before restoring a
+/// version. Served as a file so the CSP needs no inline script.
+pub const PAGE_JS: &str = include_str!("page.js");
+pub const PAGE_CSS: &str = include_str!("page.css");
+
+/// Markup as the string a server-sent event carries.
+pub fn to_event_data(markup: Markup) -> String {
+    let PreEscaped(text) = markup;
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markup_is_escaped() {
+        let html = to_event_data(status_fragment(
+            "alice",
+            "t",
+            Some(&SandboxStatus::Broken {
+                failure: shmastra_contract::SyncFailure::parse(b"step: <b>\nerror: x\n<script>"),
+            }),
+            true,
+            &[],
+        ));
+        assert!(
+            !html.contains("<script>") && html.contains("&lt;script&gt;"),
+            "{html}"
+        );
+        assert!(
+            html.contains("&lt;b&gt;"),
+            "the step is escaped too: {html}"
+        );
+    }
+}
