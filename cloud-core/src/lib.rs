@@ -140,6 +140,6 @@ pub use secrets::{FormProblem, RestoreForm, RestoreFormError, SecretValue, rende
 pub use serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, app, serve};
 pub use web::WebConfig;
 pub use web::sandboxes::{LocalSandboxes, watcher_on_path};
-pub use web::signin::SignIn;
+pub use web::signin::{SignIn, TtlTooLong};
 
 pub use user::{InvalidUserId, UserId};
