@@ -92,9 +92,7 @@ pub mod http_backend;
 mod orchestrate;
 mod process_group;
 mod provider;
-/// Public as a path only for its wire parsers (`pkt_line`, `report_status`), which move to
-/// their own crate; everything a backend uses is re-exported at the root.
-pub mod proxy;
+mod proxy;
 mod sandbox;
 mod secrets;
 mod serve;

@@ -525,7 +525,7 @@ fn a_push_whose_client_never_reads_the_report_still_fires_its_event() {
     let zero = "0".repeat(40);
     let command =
         format!("{zero} {head} refs/heads/main\0report-status side-band-64k agent=test\n");
-    let mut body = cloud_core::proxy::pkt_line::encode(command.as_bytes());
+    let mut body = git_wire::pkt_line::encode(command.as_bytes());
     body.extend_from_slice(b"0000");
     body.extend_from_slice(&pack);
 

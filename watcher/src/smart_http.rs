@@ -120,6 +120,10 @@ impl SmartHttp {
             .timeout_read(settings.timeout)
             .timeout_write(settings.timeout)
             .redirects(0)
+            // ureq clears a connection's socket timeouts when it pools it and sets only the read
+            // timeout again on reuse: a POST on a pooled connection could block forever on a
+            // server that stops reading. Every request gets a fresh connection instead.
+            .max_idle_connections(0)
             .build();
         Self {
             agent,

@@ -54,6 +54,15 @@ pub fn init(network_timeout: Duration) -> Duration {
     })
 }
 
+/// The settings of the watcher's own HTTP requests (the push's receive-pack client): the
+/// same User-Agent and timeout as libgit2's operations get.
+pub(crate) fn client_settings() -> ClientSettings {
+    ClientSettings {
+        user_agent: user_agent(),
+        timeout: init(DEFAULT_NETWORK_TIMEOUT),
+    }
+}
+
 thread_local! {
     /// The token of the operation running on this thread, read when libgit2 creates the
     /// transport (synchronously, on the thread that called fetch or push).

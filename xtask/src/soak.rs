@@ -42,6 +42,7 @@ const SUITES: &[(&str, &[&str])] = &[
         ],
     ),
     ("cloud-core", &["parsers_proptest"]),
+    ("git-wire", &["report_proptest"]),
     ("e2e", &["reliability_manifest"]),
 ];
 

@@ -8,9 +8,7 @@
 pub(crate) mod embedded;
 pub(crate) mod events;
 pub(crate) mod headers;
-pub mod pkt_line;
 pub(crate) mod push_watch;
-pub mod report_status;
 pub(crate) mod route;
 pub(crate) mod stream;
 pub(crate) mod upstream;

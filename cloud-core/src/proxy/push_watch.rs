@@ -4,10 +4,10 @@
 use std::sync::{Arc, Mutex};
 
 use super::events::{ExternalPush, OnExternalPush, RecentPushes};
-use super::report_status::{
+use crate::UserId;
+use git_wire::report_status::{
     CommandsParser, CommandsState, ReportParser, ReportState, applied_updates,
 };
-use crate::UserId;
 
 /// The tag the watcher puts in its User-Agent; pushes carrying it are the sandbox's own.
 pub const WATCHER_AGENT_TAG: &str = "project-watcher/";
@@ -81,7 +81,7 @@ impl PushWatch {
         }
     }
 
-    fn finished(&self, report: &super::report_status::Report) {
+    fn finished(&self, report: &git_wire::report_status::Report) {
         let commands = self.commands.lock().unwrap_or_else(|p| p.into_inner());
         let CommandsState::Done(parsed) = commands.state() else {
             return;

@@ -2,7 +2,7 @@
 //! the head of a `git-receive-pack` request, and the report-status (plain or inside side-band)
 //! in its response. Both parsers are incremental, bounded and never panic on garbage.
 
-use super::pkt_line::{Pkt, PktDecoder};
+use crate::pkt_line::{Pkt, PktDecoder, encode};
 
 /// One ref update a client asked for: `<old-oid> <new-oid> <ref>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +16,17 @@ impl RefUpdate {
     /// A branch update that leaves the branch in place (not a deletion).
     pub fn updates_branch(&self) -> bool {
         self.refname.starts_with("refs/heads/") && self.new_oid.bytes().any(|b| b != b'0')
+    }
+
+    /// The command as a client sends it: one pkt-line, the first of a request carrying the
+    /// capabilities after a NUL (as git's `send-pack.c` writes them).
+    pub fn encode(&self, capabilities: Option<&str>) -> Vec<u8> {
+        let mut line = format!("{} {} {}", self.old_oid, self.new_oid, self.refname).into_bytes();
+        if let Some(capabilities) = capabilities {
+            line.push(0);
+            line.extend_from_slice(capabilities.as_bytes());
+        }
+        encode(&line)
     }
 }
 
@@ -189,7 +200,14 @@ pub struct ReportParser {
     inner: PktDecoder,
     lines: ReportLines,
     state: ReportState,
+    /// What the server said on band 2 (hook output, progress), at most [`MAX_SAID`] bytes.
+    said: Vec<u8>,
+    /// The message of a band-3 packet, which ends the exchange.
+    fatal: Option<String>,
 }
+
+/// How much of the server's band-2 and band-3 text is kept for messages to people.
+pub const MAX_SAID: usize = 2048;
 
 /// The report's own lines, whether they came plain or inside band 1.
 #[derive(Debug, Default)]
@@ -197,6 +215,8 @@ struct ReportLines {
     unpack_ok: Option<bool>,
     ok_refs: Vec<String>,
     ng_refs: Vec<String>,
+    /// Each `ng` line's ref and reason, in order.
+    refusals: Vec<(String, String)>,
 }
 
 impl ReportLines {
@@ -229,8 +249,10 @@ impl ReportLines {
                 if let Some(refname) = line.strip_prefix("ok ") {
                     self.ok_refs.push(refname.to_owned());
                 } else if let Some(refused) = line.strip_prefix("ng ") {
-                    let refname = refused.split(' ').next().unwrap_or(refused);
+                    let (refname, reason) = refused.split_once(' ').unwrap_or((refused, ""));
                     self.ng_refs.push(refname.to_owned());
+                    let reason: String = reason.chars().take(MAX_SAID).collect();
+                    self.refusals.push((refname.to_owned(), reason));
                 } else if !line.starts_with("option ") {
                     return Err("unknown report line");
                 }
@@ -249,7 +271,25 @@ impl ReportParser {
             inner: PktDecoder::default(),
             lines: ReportLines::default(),
             state: ReportState::Reading,
+            said: Vec::new(),
+            fatal: None,
         }
+    }
+
+    /// Each `ng` line's ref and the reason the server gave (`non-fast-forward`,
+    /// `pre-receive hook declined`), in order.
+    pub fn refusals(&self) -> &[(String, String)] {
+        &self.lines.refusals
+    }
+
+    /// What the server said on side-band 2 so far (hook output, progress), lossily decoded.
+    pub fn said(&self) -> String {
+        String::from_utf8_lossy(&self.said).into_owned()
+    }
+
+    /// The message of the band-3 packet that ended the exchange, if one did.
+    pub fn fatal(&self) -> Option<&str> {
+        self.fatal.as_deref()
     }
 
     pub fn feed(&mut self, chunk: &[u8]) {
@@ -258,6 +298,7 @@ impl ReportParser {
         }
         let sideband = self.sideband;
         let (inner, lines) = (&mut self.inner, &mut self.lines);
+        let (said, fatal) = (&mut self.said, &mut self.fatal);
         let mut outcome: Option<ReportState> = None;
         let mut settle = |result: Result<Option<Report>, &'static str>| match result {
             Ok(None) => true,
@@ -287,8 +328,16 @@ impl ReportParser {
                             Err(e) => settle(Err(e.0)),
                         }
                     }
-                    Some((2, _)) => true,
-                    Some((3, _)) => settle(Err("server sent a fatal error on band 3")),
+                    Some((2, text)) => {
+                        let room = MAX_SAID.saturating_sub(said.len());
+                        said.extend_from_slice(&text[..room.min(text.len())]);
+                        true
+                    }
+                    Some((3, text)) => {
+                        let text = &text[..MAX_SAID.min(text.len())];
+                        *fatal = Some(String::from_utf8_lossy(text).trim_end().to_owned());
+                        settle(Err("server sent a fatal error on band 3"))
+                    }
                     _ => settle(Err("unknown side-band channel")),
                 },
                 Pkt::Flush => settle(Err("side-band ended before the report did")),
@@ -341,8 +390,8 @@ pub fn applied_updates(commands: &PushCommands, report: &Report) -> Vec<RefUpdat
 
 #[cfg(test)]
 mod tests {
-    use super::super::pkt_line::encode;
     use super::*;
+    use crate::pkt_line::FLUSH;
     use proptest::prelude::*;
 
     const OLD: &str = "0000000000000000000000000000000000000000";
@@ -389,6 +438,26 @@ mod tests {
             ]
         );
         assert!(commands.uses_sideband());
+    }
+
+    #[test]
+    fn encoded_commands_read_back() {
+        let first = update(NEW, "refs/heads/main");
+        let second = update(NEW2, "refs/heads/recovery/20261130T120000Z");
+        let input = [
+            first.encode(Some("report-status side-band-64k agent=git/2.0")),
+            second.encode(None),
+            FLUSH.to_vec(),
+        ]
+        .concat();
+        let CommandsState::Done(commands) = commands_of(&input) else {
+            panic!("commands not read");
+        };
+        assert_eq!(commands.updates, vec![first, second]);
+        assert_eq!(
+            commands.capabilities,
+            ["report-status", "side-band-64k", "agent=git/2.0"]
+        );
     }
 
     #[test]
@@ -508,6 +577,40 @@ mod tests {
             report_of(false, b"HTTP/1.1 500"),
             ReportState::Unreadable(_)
         ));
+    }
+
+    #[test]
+    fn refusal_reasons_progress_and_fatal_messages_are_kept() {
+        let report = plain(&[
+            "unpack ok\n",
+            "ng refs/heads/main pre-receive hook declined\n",
+            "ng refs/heads/dev\n",
+        ]);
+        let mut parser = ReportParser::new(true);
+        parser.feed(&sideband(&report, &["remote: no pushes today\n"]));
+        assert_eq!(
+            parser.state(),
+            &done_with_ng(true, &[], &["refs/heads/main", "refs/heads/dev"])
+        );
+        assert_eq!(
+            parser.refusals(),
+            [
+                (
+                    "refs/heads/main".to_owned(),
+                    "pre-receive hook declined".to_owned()
+                ),
+                ("refs/heads/dev".to_owned(), String::new())
+            ]
+        );
+        assert_eq!(parser.said(), "remote: no pushes today\n");
+        assert_eq!(parser.fatal(), None);
+
+        let mut parser = ReportParser::new(true);
+        parser.feed(&encode(&[b"\x02".repeat(MAX_SAID * 2)].concat()));
+        parser.feed(&encode(b"\x03fatal: disk full\n"));
+        assert!(matches!(parser.state(), ReportState::Unreadable(_)));
+        assert_eq!(parser.said().len(), MAX_SAID, "band 2 is bounded");
+        assert_eq!(parser.fatal(), Some("fatal: disk full"));
     }
 
     #[test]

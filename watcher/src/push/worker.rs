@@ -1,38 +1,16 @@
-//! The push stage: sends the newest commit of the branch to the remote in the background.
-//!
-//! This is the seam between the commit loop and the network. The daemon publishes every new
-//! head on a `watch` channel (a newer head replaces a queued one) and reads [`PushEvent`]s
-//! back to keep the status file true. A slow or failing push never delays a commit: git2 runs
-//! on the blocking pool, and failures wait out the backoff of [`crate::retry`].
-//!
-//! Never force: when the remote branch moved on, the local commits go to
-//! `refs/heads/recovery/<UTC timestamp>` and later heads follow them there, until the local
-//! branch contains the remote one again (after a sync); then normal pushes resume.
+//! The push worker: which head to push when, the backoff between attempts, and the
+//! recovery-branch policy. It talks to the server only through [`Remote`].
 
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use git2::{Oid, PushOptions, Repository};
+use git2::Oid;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::lock::{self, WorkMarker};
+use super::{GitRemote, PushEvent, PushFailure, Remote, recovery_ref_name};
 use crate::remote::RemoteSettings;
 use crate::retry::{self, Backoff, FailureKind};
-
-/// What the pusher tells the daemon. Messages never contain the token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PushEvent {
-    /// An attempt started.
-    Started,
-    /// The remote branch now holds `oid`.
-    Pushed { oid: git2::Oid, at: SystemTime },
-    /// An attempt failed; the next one starts after `retry_in`.
-    Failed { error: String, retry_in: Duration },
-    /// The remote moved on: the local commits went to `recovery_ref` instead.
-    Diverged { recovery_ref: String },
-}
 
 /// While diverged, how often the pusher looks (locally, no network) whether a sync has made
 /// the local branch contain the remote one again.
@@ -55,7 +33,7 @@ impl PushHandle {
         events: mpsc::Sender<PushEvent>,
     ) -> Self {
         crate::transport::init(crate::transport::DEFAULT_NETWORK_TIMEOUT);
-        Self::spawn_with(Arc::new(GitRemote { settings }), heads, events)
+        Self::spawn_with(Arc::new(GitRemote::new(settings)), heads, events)
     }
 
     pub(crate) fn spawn_with<R: Remote>(
@@ -87,29 +65,6 @@ impl PushHandle {
             task.abort();
         }
     }
-}
-
-/// A failed push: what kind, and a message for people (no token, no URL credentials).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PushFailure {
-    pub kind: FailureKind,
-    pub message: String,
-}
-
-/// The pusher's view of git: blocking calls, run on the blocking pool. A seam, so the
-/// scheduling below is tested with a paused clock and no network.
-pub(crate) trait Remote: Send + Sync + 'static {
-    /// Pushes `head` to `dst` (a full ref name) without force.
-    fn push(&self, head: Oid, dst: &str) -> Result<(), PushFailure>;
-    /// Fetches the remote branch and returns its tip.
-    fn fetch_branch_tip(&self) -> Result<Oid, PushFailure>;
-    /// Whether `head` is `tip` or has it in its history.
-    fn contains(&self, head: Oid, tip: Oid) -> bool;
-    /// The local branch tip, if the branch exists.
-    fn local_head(&self) -> Option<Oid>;
-    /// The local branch tip when the remote-tracking ref does not hold it.
-    fn unpushed_head(&self) -> Option<Oid>;
-    fn branch(&self) -> &str;
 }
 
 struct Diverged {
@@ -334,288 +289,11 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// One push of `head` to `dst` (a full ref name), without retries or force: `sync` sends its
-/// backups this way. The error is a message for people (no token, no URL credentials).
-pub fn push_once(settings: &RemoteSettings, head: Oid, dst: &str) -> Result<(), String> {
-    crate::transport::init(crate::transport::DEFAULT_NETWORK_TIMEOUT);
-    GitRemote {
-        settings: settings.clone(),
-    }
-    .push(head, dst)
-    .map_err(|f| f.message)
-}
-
-/// `refs/heads/recovery/20261129T231500Z`: a valid ref name (no `:`), sortable by time.
-pub fn recovery_ref_name(at: SystemTime) -> String {
-    let stamp: String = humantime::format_rfc3339_seconds(at)
-        .to_string()
-        .chars()
-        .filter(|c| !matches!(c, '-' | ':'))
-        .collect();
-    format!("refs/heads/recovery/{stamp}")
-}
-
-/// `url` with any user name and password replaced by `***`, fit for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    match url_userinfo(url) {
-        Some(userinfo) => url.replacen(&format!("{userinfo}@"), "***@", 1),
-        None => url.to_owned(),
-    }
-}
-
-/// The `user:password` part of a URL, if it has one.
-fn url_userinfo(url: &str) -> Option<&str> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-    authority.rfind('@').map(|at| &authority[..at])
-}
-
-/// The real remote: libgit2 against the repository's configured remote.
-struct GitRemote {
-    settings: RemoteSettings,
-}
-
-impl GitRemote {
-    fn open(&self) -> Result<Repository, PushFailure> {
-        Repository::open(&self.settings.workdir).map_err(|e| PushFailure {
-            kind: FailureKind::Local,
-            message: format!(
-                "cannot open the repository at {}: {}",
-                self.settings.workdir.display(),
-                e.message()
-            ),
-        })
-    }
-
-    fn find_remote<'r>(&self, repo: &'r Repository) -> Result<git2::Remote<'r>, PushFailure> {
-        repo.find_remote(&self.settings.remote)
-            .map_err(|e| PushFailure {
-                kind: FailureKind::Local,
-                message: format!(
-                    "no usable remote named `{}`: {}",
-                    self.settings.remote,
-                    e.message()
-                ),
-            })
-    }
-
-    /// Clears the lock files under `refs/remotes/` that libgit2 or this pusher left when a
-    /// watcher was killed while recording a push or a fetch (they would fail every later
-    /// attempt), then marks the network operation as started.
-    fn begin(&self, repo: &Repository) -> Option<WorkMarker> {
-        let git_dir = repo.path();
-        let died = WorkMarker::left_behind(git_dir, WorkMarker::PUSHING);
-        lock::clear_stale_locks(lock::remote_ref_lock_files(git_dir), died);
-        WorkMarker::begin(git_dir, WorkMarker::PUSHING).ok()
-    }
-
-    fn tracking_ref(&self) -> String {
-        format!(
-            "refs/remotes/{}/{}",
-            self.settings.remote, self.settings.branch
-        )
-    }
-
-    /// Removes secrets from a message that may quote libgit2 or the server.
-    fn scrub(&self, message: &str, url: &str) -> String {
-        let mut text = message.replace(url, &redact_url(url));
-        // The secret part of `user:secret@` (or a bare token used as the user name), wherever
-        // libgit2 or the server quoted it; too short a string would mangle ordinary words.
-        let secret = url_userinfo(url).map(|u| u.split_once(':').map_or(u, |(_, pw)| pw));
-        if let Some(secret) = secret.filter(|s| s.len() >= 6) {
-            text = text.replace(secret, "***");
-        }
-        if let Some(token) = self.settings.token.as_deref().filter(|t| !t.is_empty()) {
-            text = text.replace(token, "[redacted]");
-        }
-        text
-    }
-
-    /// A failed fetch or push, classified. A 401 with no token to send means the token is
-    /// missing, not refused.
-    fn network_failure(&self, url: &str, e: &git2::Error) -> PushFailure {
-        let status = retry::http_status_in(e.message());
-        let no_token = self.settings.token.is_none() && status == Some(401);
-        let kind = retry::classify_git_error(e.code(), e.class(), e.message());
-        PushFailure {
-            kind,
-            message: self.describe(kind, url, e.message(), no_token),
-        }
-    }
-
-    /// A failure message that says what happened and what to do.
-    fn describe(&self, kind: FailureKind, url: &str, detail: &str, no_token: bool) -> String {
-        let remote = &self.settings.remote;
-        let at = redact_url(url);
-        let text = match kind {
-            FailureKind::Auth if no_token => format!(
-                "remote `{remote}` ({at}) asks for credentials and PROJECT_TOKEN is not set"
-            ),
-            FailureKind::Auth if retry::http_status_in(detail) == Some(403) => format!(
-                "remote `{remote}` ({at}) denied access (HTTP 403): PROJECT_TOKEN may not push to this repository"
-            ),
-            FailureKind::Auth => format!(
-                "remote `{remote}` ({at}) refused PROJECT_TOKEN (HTTP 401, authentication failed): check the token"
-            ),
-            FailureKind::Server => {
-                format!("remote `{remote}` ({at}) had a server error: {detail}")
-            }
-            FailureKind::Network => format!("cannot reach remote `{remote}` ({at}): {detail}"),
-            FailureKind::Rejected | FailureKind::NonFastForward | FailureKind::Local => {
-                format!("push to remote `{remote}` ({at}) failed: {detail}")
-            }
-        };
-        self.scrub(&text, url)
-    }
-}
-
-impl Remote for GitRemote {
-    fn push(&self, head: Oid, dst: &str) -> Result<(), PushFailure> {
-        let repo = self.open()?;
-        let _marker = self.begin(&repo);
-        let mut remote = self.find_remote(&repo)?;
-        let url = remote
-            .pushurl()
-            .ok()
-            .flatten()
-            .or_else(|| remote.url().ok())
-            .unwrap_or("")
-            .to_owned();
-        let refused: RefCell<Vec<(String, String)>> = RefCell::new(Vec::new());
-        let said = RefCell::new(String::new());
-        let result = {
-            let mut callbacks = git2::RemoteCallbacks::new();
-            callbacks.push_update_reference(|refname, status| {
-                if let Some(message) = status {
-                    refused
-                        .borrow_mut()
-                        .push((refname.to_owned(), message.to_owned()));
-                }
-                Ok(())
-            });
-            callbacks.sideband_progress(|data| {
-                let mut said = said.borrow_mut();
-                if said.len() < 2048 {
-                    said.push_str(&String::from_utf8_lossy(data));
-                }
-                true
-            });
-            let mut options = PushOptions::new();
-            options.remote_callbacks(callbacks);
-            crate::transport::with_token(self.settings.token.as_deref(), || {
-                remote.push(&[format!("{head}:{dst}")], Some(&mut options))
-            })
-        };
-        if let Err(e) = result {
-            return Err(self.network_failure(&url, &e));
-        }
-        if let Some((refname, message)) = refused.into_inner().into_iter().next() {
-            let kind = retry::classify_ref_rejection(&message);
-            let remote_said = said
-                .into_inner()
-                .lines()
-                .map(|l| l.trim().trim_start_matches("remote:").trim())
-                .filter(|l| !l.is_empty())
-                .collect::<Vec<_>>()
-                .join("; ");
-            let detail = if remote_said.is_empty() {
-                format!("the server rejected {refname}: {message}")
-            } else {
-                format!("the server rejected {refname}: {message} (remote said: {remote_said})")
-            };
-            return Err(PushFailure {
-                kind,
-                message: self.describe(kind, &url, &detail, false),
-            });
-        }
-        if dst == format!("refs/heads/{}", self.settings.branch) {
-            // The daemon counts unpushed commits against this ref. The pusher writes only this
-            // confirmed fact, never the branch, index or tree, so it does not take repo.lock.
-            repo.reference(&self.tracking_ref(), head, true, "project-watcher: push")
-                .map_err(|e| PushFailure {
-                    kind: FailureKind::Local,
-                    message: format!("pushed, but cannot record it locally: {}", e.message()),
-                })?;
-        }
-        Ok(())
-    }
-
-    fn fetch_branch_tip(&self) -> Result<Oid, PushFailure> {
-        let repo = self.open()?;
-        let _marker = self.begin(&repo);
-        let url = self.find_remote(&repo)?.url().unwrap_or("").to_owned();
-        let tip = crate::restore::fetch_branch(&repo, &self.settings).map_err(|e| match e {
-            crate::restore::RestoreError::Fetch { source, .. } => {
-                self.network_failure(&url, &source)
-            }
-            other => PushFailure {
-                kind: FailureKind::Local,
-                message: other.to_string(),
-            },
-        })?;
-        tip.ok_or_else(|| PushFailure {
-            kind: FailureKind::Local,
-            message: "the remote branch vanished after a rejected push".to_owned(),
-        })
-    }
-
-    fn contains(&self, head: Oid, tip: Oid) -> bool {
-        head == tip
-            || self
-                .open()
-                .ok()
-                .and_then(|repo| repo.graph_descendant_of(head, tip).ok())
-                .unwrap_or(false)
-    }
-
-    fn local_head(&self) -> Option<Oid> {
-        let repo = self.open().ok()?;
-        repo.refname_to_id(&format!("refs/heads/{}", self.settings.branch))
-            .ok()
-    }
-
-    fn unpushed_head(&self) -> Option<Oid> {
-        let local = self.local_head()?;
-        let repo = self.open().ok()?;
-        let tracking = repo.refname_to_id(&self.tracking_ref()).ok();
-        (tracking != Some(local)).then_some(local)
-    }
-
-    fn branch(&self) -> &str {
-        &self.settings.branch
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::VecDeque;
     use std::sync::Mutex;
-
-    #[test]
-    fn recovery_names_are_valid_ref_names() {
-        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_994_100);
-        let name = recovery_ref_name(at);
-        assert_eq!(name, "refs/heads/recovery/20261129T231500Z");
-        assert!(git2::Reference::is_valid_name(&name));
-    }
-
-    #[test]
-    fn urls_lose_their_credentials() {
-        for (url, expected) in [
-            (
-                "https://u:tok@h.example/a.git",
-                "https://***@h.example/a.git",
-            ),
-            ("https://tok@h.example/a.git", "https://***@h.example/a.git"),
-            ("https://h.example/a@b.git", "https://h.example/a@b.git"),
-            ("http://127.0.0.1:8/x", "http://127.0.0.1:8/x"),
-            ("/srv/git/a.git", "/srv/git/a.git"),
-            ("file:///srv/a.git", "file:///srv/a.git"),
-        ] {
-            assert_eq!(redact_url(url), expected, "{url}");
-        }
-    }
 
     /// A scripted remote: each push takes the next result; the branch tip is tracked.
     struct Script {

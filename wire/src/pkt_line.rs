@@ -89,7 +89,10 @@ impl PktDecoder {
     }
 }
 
-/// Encodes one data packet (tests and fixtures build streams with it).
+/// The flush packet that ends a section.
+pub const FLUSH: &[u8; 4] = b"0000";
+
+/// Encodes one data packet.
 pub fn encode(payload: &[u8]) -> Vec<u8> {
     let mut out = format!("{:04x}", payload.len() + 4).into_bytes();
     out.extend_from_slice(payload);
