@@ -33,7 +33,7 @@ enum Command {
     /// GitLab: reads GITLAB_SERVICE_TOKEN, GITLAB_GROUP_ID, GITLAB_API_URL.
     #[command(subcommand)]
     Gitlab(GitlabCommand),
-    /// Project tokens: reads SHMASTRA_TOKEN_SECRET and SHMASTRA_TOKEN_STATE.
+    /// Project tokens: reads SHMASTRA_TOKEN_SECRET, and DATABASE_URL or SHMASTRA_TOKEN_STATE.
     #[command(subcommand)]
     Token(TokenCommand),
     /// The git proxy (/api/git), the GitLab push webhook (/api/gitlab/webhook) and /healthz.
@@ -58,13 +58,14 @@ enum GitlabCommand {
 #[derive(Subcommand)]
 enum TokenCommand {
     /// Print the user's PROJECT_TOKEN alone on stdout (their current generation, read from
-    /// SHMASTRA_TOKEN_STATE when set).
+    /// DATABASE_URL or SHMASTRA_TOKEN_STATE when set).
     Mint {
         #[arg(long)]
         user: String,
     },
-    /// Refuse every token of the user minted so far (needs SHMASTRA_TOKEN_STATE, the directory
-    /// serve reads); other users' tokens and the secret stay as they are.
+    /// Refuse every token of the user minted so far, on every serve replica within seconds
+    /// (needs DATABASE_URL or SHMASTRA_TOKEN_STATE, what serve reads); other users' tokens and
+    /// the secret stay as they are.
     Revoke {
         #[arg(long)]
         user: String,
@@ -99,9 +100,9 @@ async fn main() -> ExitCode {
         Command::Gitlab(GitlabCommand::EnsureProject { user }) => {
             gitlab_commands::ensure_project(&user).await
         }
-        Command::Token(TokenCommand::Mint { user }) => token_commands::mint(&user),
-        Command::Token(TokenCommand::Revoke { user }) => token_commands::revoke(&user, false),
-        Command::Token(TokenCommand::Rotate { user }) => token_commands::revoke(&user, true),
+        Command::Token(TokenCommand::Mint { user }) => token_commands::mint(&user).await,
+        Command::Token(TokenCommand::Revoke { user }) => token_commands::revoke(&user, false).await,
+        Command::Token(TokenCommand::Rotate { user }) => token_commands::revoke(&user, true).await,
         Command::Serve(args) => serve_command::run(*args).await,
         Command::LoginLink(args) => login_link::run(args),
     };

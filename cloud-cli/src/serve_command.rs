@@ -59,6 +59,14 @@ pub struct ServeArgs {
     /// How many --on-external-push runs (each for a different user) go on at once.
     #[arg(long, default_value_t = 4)]
     pub parallel_syncs: usize,
+    /// PostgreSQL for the state every replica shares (sync jobs, recent pushes, webhook
+    /// deliveries, statuses, token revocations); without it, in-process state for one replica.
+    #[arg(long, env = "DATABASE_URL", value_name = "URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// How long a replica's claim on a sync job holds without renewal: the job of a replica
+    /// that died mid-run is run by another within this time.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub sync_lease: Duration,
     /// Run each user's sandbox on this machine, at DIR/<user>, with the watcher in it.
     #[arg(long, value_name = "DIR")]
     pub sandboxes_dir: Option<PathBuf>,
@@ -102,6 +110,25 @@ pub async fn run(args: ServeArgs) -> Outcome {
             "--max-requests, --max-requests-per-user and --max-connections must be at least 1"
         )));
     }
+    if args.sync_lease < Duration::from_millis(300) {
+        return Err(Failure::config(anyhow::anyhow!(
+            "--sync-lease must be at least 300ms (it is renewed every third of it)"
+        )));
+    }
+    if args.database_url.as_ref().is_some_and(|u| !u.is_empty())
+        && std::env::var_os(cloud_core::TOKEN_STATE_ENV).is_some_and(|d| !d.is_empty())
+    {
+        return Err(Failure::config(anyhow::anyhow!(
+            "both --database-url and {} are set: token generations live in one place; unset one",
+            cloud_core::TOKEN_STATE_ENV
+        )));
+    }
+    let database = args
+        .database_url
+        .filter(|url| !url.is_empty())
+        .map(|url| cloud_core::store::postgres::pool(&url))
+        .transpose()
+        .map_err(Failure::config)?;
     let sandboxes = match args.sandboxes_dir {
         None => None,
         Some(root) => {
@@ -144,6 +171,8 @@ pub async fn run(args: ServeArgs) -> Outcome {
         allow_history_rewrite: args.allow_history_rewrite,
         sync_env: args.sync_env,
         parallel_syncs: args.parallel_syncs,
+        database,
+        sync_lease: args.sync_lease,
         web: WebConfig {
             public_url: args.public_url,
             sandboxes,

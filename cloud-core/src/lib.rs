@@ -26,8 +26,8 @@
 //!   [`WebConfig`], the workspace page (sign-in links from [`SignIn`], one
 //!   [`LocalSandboxes`] sandbox per user on one machine).
 //!
-//! The state every replica shares (sync jobs, recent pushes, webhook deliveries, statuses)
-//! joins this list as the state store.
+//! The state every replica shares (sync jobs, recent pushes, webhook deliveries, statuses,
+//! token generations) is the [`store`] module: one trait, in-process or PostgreSQL.
 //!
 //! # A backend, wired
 //!
@@ -96,7 +96,9 @@ mod proxy;
 mod sandbox;
 mod secrets;
 mod serve;
-mod sync_queue;
+/// The state store every replica shares (sync jobs, recent pushes, webhook deliveries,
+/// statuses, token generations): in-process, or PostgreSQL.
+pub mod store;
 mod token;
 mod user;
 mod web;

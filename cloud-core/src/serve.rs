@@ -1,7 +1,8 @@
 //! `shmastra-cloud serve`: the git proxy at `/api/git`, the GitLab push webhook at
 //! `/api/gitlab/webhook`, `/healthz`, the workspace page ([`crate::web`]), and the local
-//! stand-in for starting a sync: a command run per external push, coalesced per user (and,
-//! with sandboxes on this machine, a sync of the user's sandbox).
+//! stand-in for starting a sync: a command run per external push through the store's job
+//! queue (coalesced per user, one run at a time per user across every replica on the same
+//! database), and, with sandboxes on this machine, a sync of the user's sandbox.
 //!
 //! The accept loop is its own, not `axum::serve`: hyper's header timeout needs a timer, and
 //! the connection limit, the client address of each request and the end of every CGI child
@@ -29,7 +30,11 @@ use crate::proxy::embedded::EmbeddedUpstream;
 use crate::proxy::events::OnExternalPush;
 use crate::proxy::upstream::{HttpUpstream, Upstream};
 use crate::proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
-use crate::sync_queue::{Queued, SyncQueue};
+use crate::store::generations::StoreGenerations;
+use crate::store::jobs::SyncJobs;
+use crate::store::memory::MemoryStore;
+use crate::store::postgres::PostgresStore;
+use crate::store::{Store, StoreError, replica_name};
 use crate::token::TokenSigner;
 use crate::web::sandboxes::LocalSandboxes;
 use crate::web::{WebConfig, workspace};
@@ -84,6 +89,12 @@ pub struct ServeConfig {
     pub sync_env: Vec<String>,
     /// How many `--on-external-push` runs (for different users) go on at once.
     pub parallel_syncs: usize,
+    /// `--database-url`: the state every replica shares; without it, in-process state for a
+    /// single replica.
+    pub database: Option<deadpool_postgres::Pool>,
+    /// How long a replica's claim on a sync job holds without renewal: a replica that dies
+    /// mid-run leaves the job to another within this time.
+    pub sync_lease: Duration,
     /// The workspace page: public URL, sandboxes on this machine.
     pub web: WebConfig,
 }
@@ -111,6 +122,8 @@ pub enum ServeError {
     SecretInSyncEnv(String),
     #[error("the server failed: {0}")]
     Server(std::io::Error),
+    #[error("cannot start on the database: {0}")]
+    Database(StoreError),
 }
 
 /// Env vars the sync command must never inherit.
@@ -141,11 +154,41 @@ pub async fn serve(
             source,
         })?;
     let addr = listener.local_addr().map_err(ServeError::Server)?;
-    let on_external_push = match config.on_external_push.clone() {
-        Some(command) => sync_runner(command, &config.sync_env, config.parallel_syncs)?,
-        None => Arc::new(|_| {}) as OnExternalPush,
+    let mut config = config;
+    let (store, _generations): (Arc<dyn Store>, _) = match &config.database {
+        Some(pool) => {
+            let store: Arc<dyn Store> = PostgresStore::connect(pool.clone())
+                .await
+                .map_err(ServeError::Database)?;
+            let generations = Arc::new(
+                StoreGenerations::start(store.clone())
+                    .await
+                    .map_err(ServeError::Database)?,
+            );
+            config.signer = config.signer.clone().with_generations(generations.clone());
+            tracing::info!("shared state: PostgreSQL");
+            (store, Some(generations))
+        }
+        None => (Arc::new(MemoryStore::new()), None),
     };
-    let (app, children, sandboxes) = app_with_children(&config, on_external_push, addr)?;
+    let jobs = SyncJobs::new(store.clone(), replica_name(), config.sync_lease);
+    let (on_external_push, _workers) = match config.on_external_push.clone() {
+        Some(command) => {
+            let run = sync_runner(command, &config.sync_env)?;
+            let workers = jobs.start(config.parallel_syncs, run);
+            let submit = jobs.clone();
+            let on_push: OnExternalPush = Arc::new(move |push| submit.submit(push));
+            (on_push, Some(workers))
+        }
+        None => (Arc::new(|_| {}) as OnExternalPush, None),
+    };
+    // In one process the proxy's and the webhook's own bounded memories are the whole truth;
+    // only a database adds anything for them.
+    let shared = Shared {
+        store: config.database.is_some().then_some(store),
+        jobs: Some(jobs),
+    };
+    let (app, children, sandboxes) = app_with_children(&config, on_external_push, shared, addr)?;
     tracing::info!(%addr, max_connections = config.connections.max_connections, "listening");
     on_listening(addr);
     let result = accept_loop(listener, app, &config.connections, shutdown).await;
@@ -230,14 +273,23 @@ async fn accept_loop(
     Ok(())
 }
 
-/// The routes, for embedding in another server or testing without a socket; `listen` is
-/// where the server is reached (sandboxes on this machine push through it).
+/// The routes, for embedding in another server or testing without a socket (state in this
+/// process only); `listen` is where the server is reached (sandboxes on this machine push
+/// through it).
 pub fn app(
     config: &ServeConfig,
     on_external_push: OnExternalPush,
     listen: SocketAddr,
 ) -> Result<Router, ServeError> {
-    app_with_children(config, on_external_push, listen).map(|(app, _, _)| app)
+    app_with_children(config, on_external_push, Shared::default(), listen).map(|(app, _, _)| app)
+}
+
+/// What the routes share with the other replicas: the database store (none in one process)
+/// and this replica's job queue.
+#[derive(Default)]
+struct Shared {
+    store: Option<Arc<dyn Store>>,
+    jobs: Option<Arc<SyncJobs>>,
 }
 
 /// [`app`], the embedded upstream's `git http-backend` children to end at shutdown, and the
@@ -245,6 +297,7 @@ pub fn app(
 fn app_with_children(
     config: &ServeConfig,
     on_external_push: OnExternalPush,
+    shared: Shared,
     listen: SocketAddr,
 ) -> Result<(Router, Option<Children>, Option<LocalSandboxes>), ServeError> {
     let sandboxes_dir = |source| ServeError::SandboxesDir {
@@ -306,17 +359,24 @@ fn app_with_children(
         config.limits.clone(),
         on_external_push.clone(),
     );
+    if let Some(store) = &shared.store {
+        proxy.recent_pushes().attach_store(store.clone());
+    }
     let health = proxy.clone();
+    let jobs = shared.jobs.clone();
     let mut app = Router::new()
         .route(
             "/healthz",
             get(move || async move {
-                match health.health() {
-                    Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
-                    Err(why) => (
+                // Git traffic needs no database: without one the replica is degraded (syncs
+                // wait in memory), not unhealthy.
+                match (health.health(), jobs.as_ref().and_then(|j| j.degraded())) {
+                    (Err(why), _) => (
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("unhealthy: {why}\n"),
                     ),
+                    (Ok(()), Some(why)) => (StatusCode::OK, format!("degraded: database: {why}\n")),
+                    (Ok(()), None) => (StatusCode::OK, "ok\n".to_owned()),
                 }
             }),
         )
@@ -324,12 +384,21 @@ fn app_with_children(
         .merge(page.router);
     match (&config.webhook_secret, gitlab_client) {
         (Some(secret), Some(gitlab)) => {
-            let webhook = Webhook::new(
-                secret.clone(),
-                Arc::new(gitlab),
-                proxy.recent_pushes(),
-                on_external_push,
-            );
+            let webhook = match &shared.store {
+                Some(store) => Webhook::shared(
+                    secret.clone(),
+                    Arc::new(gitlab),
+                    proxy.recent_pushes(),
+                    on_external_push,
+                    store.clone(),
+                ),
+                None => Webhook::new(
+                    secret.clone(),
+                    Arc::new(gitlab),
+                    proxy.recent_pushes(),
+                    on_external_push,
+                ),
+            };
             app = app.nest("/api/gitlab/webhook", webhook.router());
         }
         (Some(_), None) => tracing::warn!(
@@ -344,12 +413,14 @@ fn app_with_children(
     Ok((app, children, page.sandboxes))
 }
 
-/// Runs `command` (with `sh -c`) per external push, coalesced per user (see [`SyncQueue`]).
+/// The runner of `command` (with `sh -c`) for one claimed sync job.
 fn sync_runner(
     command: String,
     sync_env: &[String],
-    parallel: usize,
-) -> Result<OnExternalPush, ServeError> {
+) -> Result<
+    impl Fn(ExternalPush) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    ServeError,
+> {
     if let Some(secret) = sync_env.iter().find(|n| SECRET_VARS.contains(&n.as_str())) {
         return Err(ServeError::SecretInSyncEnv(secret.clone()));
     }
@@ -362,16 +433,12 @@ fn sync_runner(
             .collect(),
     );
     let command = Arc::new(command);
-    let queue = SyncQueue::new(parallel, move |push: ExternalPush| {
+    Ok(move |push: ExternalPush| {
         let command = command.clone();
         let inherited = inherited.clone();
-        async move { run_sync(&command, &inherited, &push).await }
-    });
-    Ok(Arc::new(move |push: ExternalPush| {
-        if queue.push(push.clone()) == Queued::Coalesced {
-            tracing::info!(user = %push.user, git_ref = %push.refname, "a sync for this user is running; one more run follows it");
-        }
-    }))
+        Box::pin(async move { run_sync(&command, &inherited, &push).await })
+            as futures_util::future::BoxFuture<'static, ()>
+    })
 }
 
 async fn run_sync(command: &str, inherited: &[(String, std::ffi::OsString)], push: &ExternalPush) {

@@ -51,6 +51,10 @@ pub enum GenerationError {
     Corrupt { path: std::path::PathBuf },
     #[error("{TOKEN_STATE_ENV} is not set: there is nowhere to record a revocation")]
     NoStore,
+    #[error(
+        "token generations are kept in the database: revoke with `shmastra-cloud token revoke` and DATABASE_URL"
+    )]
+    InDatabase,
     #[error("cannot write the token generation of {user} to {path}: {source}")]
     Write {
         user: UserId,

@@ -21,6 +21,7 @@ use crate::UserId;
 use crate::gitlab::GitLab;
 use crate::proxy::client_of;
 use crate::proxy::events::{ExternalPush, OnExternalPush, RecentPushes};
+use crate::store::Store;
 use crate::token::{MIN_DISTINCT_BYTES, distinct_bytes};
 
 /// The env var holding the expected `X-Gitlab-Token`.
@@ -184,6 +185,8 @@ pub struct Webhook {
     group: Arc<dyn GroupPath>,
     recent: Arc<RecentPushes>,
     deliveries: Deliveries,
+    /// Delivery ids shared with the other replicas.
+    store: Option<Arc<dyn Store>>,
     on_external_push: OnExternalPush,
 }
 
@@ -200,6 +203,26 @@ impl Webhook {
             group,
             recent,
             deliveries: Deliveries::default(),
+            store: None,
+            on_external_push,
+        })
+    }
+
+    /// [`Webhook::new`], sharing the handled delivery ids with every replica through `store`
+    /// (attach the same store to `recent` so echoes are known across replicas too).
+    pub fn shared(
+        secret: SecretString,
+        group: Arc<dyn GroupPath>,
+        recent: Arc<RecentPushes>,
+        on_external_push: OnExternalPush,
+        store: Arc<dyn Store>,
+    ) -> Arc<Webhook> {
+        Arc::new(Webhook {
+            secret,
+            group,
+            recent,
+            deliveries: Deliveries::default(),
+            store: Some(store),
             on_external_push,
         })
     }
@@ -260,9 +283,26 @@ async fn receive(State(hook): State<Arc<Webhook>>, request: Request) -> Response
                 .into_response();
         }
     };
-    let decided = decide(&body, &group_path, &hook.recent);
+    let mut decided = decide(&body, &group_path, &hook.recent);
     if decided.is_ok() {
-        hook.deliveries.record(ids);
+        hook.deliveries.record(ids.clone());
+        if let Some(store) = &hook.store {
+            match store.first_delivery(ids).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::info!(%client, "webhook delivery already handled by a replica; not firing again");
+                    return (StatusCode::OK, "already handled\n").into_response();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot share the webhook delivery id; de-duplicating in this replica only")
+                }
+            }
+        }
+    }
+    if let Ok(Delivery::External(push)) = &decided
+        && hook.recent.seen_anywhere(push).await
+    {
+        decided = Ok(Delivery::SeenByProxy);
     }
     match decided {
         Ok(Delivery::External(push)) => {

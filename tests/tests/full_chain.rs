@@ -96,6 +96,8 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
             allow_history_rewrite: false,
             sync_env: Vec::new(),
             parallel_syncs: 4,
+            database: None,
+            sync_lease: std::time::Duration::from_secs(30),
             web: Default::default(),
         },
         move |addr| {

@@ -359,6 +359,6 @@ async fn sync_with_a_failing_install_ends_broken_with_the_install_output() {
         failure: failure.clone(),
     })
     .unwrap();
-    assert_eq!(json["status"], "broken");
+    assert_eq!(json["state"], "broken");
     assert_eq!(json["failure"]["step"], "install");
 }

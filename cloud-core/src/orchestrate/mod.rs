@@ -9,6 +9,7 @@
 pub mod coalesce;
 pub mod history;
 pub mod lifecycle;
+mod queued;
 pub mod recovery;
 
 use std::future::Future;
@@ -193,10 +194,10 @@ impl Provisioned {
     }
 }
 
-/// A sandbox's state as the workspace page shows it. As JSON (the state store keeps it so):
-/// `{"status": "broken", "failure": {"step": ..., "message": ..., "tail": ...}}`.
+/// A sandbox's state as the workspace page shows it. Stored as JSON tagged by `state`:
+/// `{"state": "broken", "failure": {"step": ..., "message": ..., "tail": ...}}`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
+#[serde(tag = "state", rename_all = "snake_case")]
 pub enum SandboxStatus {
     Syncing,
     /// Going back to an earlier save ([`Orchestrator::restore_to`]).
@@ -801,7 +802,7 @@ mod tests {
                 step: ProvisionStep::Creating
             })
             .unwrap(),
-            serde_json::json!({"status": "provisioning", "step": "creating"})
+            serde_json::json!({"state": "provisioning", "step": "creating"})
         );
     }
 }

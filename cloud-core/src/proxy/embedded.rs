@@ -65,7 +65,7 @@ impl EmbeddedUpstream {
 
     /// [`EmbeddedUpstream::new`]; `protect_history: false` lets any token holder delete or
     /// force-push every ref (`serve --allow-history-rewrite`).
-    pub(crate) fn with_protection(
+    pub fn with_protection(
         root: impl Into<PathBuf>,
         protect_history: bool,
     ) -> std::io::Result<EmbeddedUpstream> {

@@ -2,9 +2,10 @@
 //! memory of recent pushes that keeps one push from being reported twice.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::UserId;
+use crate::store::Store;
 
 /// A branch moved by someone other than the sandbox's own watcher: the cloud starts a sync.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -26,19 +27,50 @@ const REMEMBERED_PER_USER: usize = 64;
 
 /// The branch updates the proxy saw applied lately (the server reported them `ok`), watcher's
 /// or not. A GitLab webhook for one of them is an echo, not a push made directly to GitLab.
-#[derive(Debug, Default)]
+/// Kept in this process, and in the shared store once one is attached, so a webhook that
+/// reaches another replica knows the echo too.
+#[derive(Default)]
 pub struct RecentPushes {
     seen: Mutex<HashMap<UserId, VecDeque<(String, String)>>>,
+    store: OnceLock<Arc<dyn Store>>,
 }
 
 impl RecentPushes {
+    /// Also remembers pushes in `store` (the first store attached stays).
+    pub(crate) fn attach_store(&self, store: Arc<dyn Store>) {
+        let _ = self.store.set(store);
+    }
+
+    /// Remembers `push` here at once and, in the background, in the attached store.
     pub(crate) fn record(&self, push: ExternalPush) {
+        if let Some(store) = self.store.get() {
+            let (store, push) = (store.clone(), push.clone());
+            tokio::spawn(async move {
+                if let Err(e) = store.record_push(push.clone()).await {
+                    tracing::warn!(user = %push.user, error = %e, "cannot share a proxied push with the other replicas; a webhook echo of it reaching another replica starts one extra sync");
+                }
+            });
+        }
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let mine = seen.entry(push.user).or_default();
         if mine.len() == REMEMBERED_PER_USER {
             mine.pop_front();
         }
         mine.push_back((push.refname, push.new_oid));
+    }
+
+    /// Whether this process or, with a store attached, any replica saw `push`.
+    pub(crate) async fn seen_anywhere(&self, push: &ExternalPush) -> bool {
+        if self.contains(push) {
+            return true;
+        }
+        match self.store.get() {
+            Some(store) => store.push_seen(push.clone()).await.unwrap_or_else(|e| {
+                tracing::warn!(user = %push.user, error = %e, "cannot ask the other replicas about a push; treating it as external");
+                false
+            }),
+            None => false,
+        }
     }
 
     pub(crate) fn contains(&self, push: &ExternalPush) -> bool {

@@ -1,0 +1,232 @@
+//! The in-process [`Store`]: one replica, nothing to install. Leases run on tokio's clock, so
+//! tests of lease expiry can pause it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::{
+    Claim, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
+    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreFuture,
+};
+use crate::UserId;
+use crate::orchestrate::SandboxStatus;
+use crate::proxy::ExternalPush;
+
+struct Job {
+    push: ExternalPush,
+    pending: bool,
+    /// Order of the first owed event (claims take the smallest).
+    pending_since: u64,
+    holder: Option<(String, Instant)>,
+}
+
+#[derive(Default)]
+struct State {
+    jobs: HashMap<UserId, Job>,
+    next_order: u64,
+    pushes: HashMap<UserId, VecDeque<(String, String, Instant)>>,
+    deliveries: HashMap<String, Instant>,
+    statuses: HashMap<String, (SandboxStatus, SystemTime)>,
+    generations: HashMap<UserId, (u64, i64)>,
+    next_version: i64,
+}
+
+/// The in-process store. Share it behind an `Arc`.
+pub struct MemoryStore {
+    state: Mutex<State>,
+    changes: broadcast::Sender<StatusChange>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            state: Mutex::default(),
+            changes: broadcast::channel(STATUS_CHANGES_BUFFER).0,
+        }
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn claim_where(&self, only: Option<&UserId>, owner: String, lease: Duration) -> Option<Claim> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let (_, job) = state
+            .jobs
+            .iter_mut()
+            .filter(|(user, _)| only.is_none_or(|only| only == *user))
+            .filter(|(_, job)| match &job.holder {
+                None => job.pending,
+                Some((_, until)) => *until < now,
+            })
+            .min_by_key(|(_, job)| job.pending_since)?;
+        job.pending = false;
+        job.holder = Some((owner.clone(), now + lease));
+        Some(Claim {
+            push: job.push.clone(),
+            owner,
+        })
+    }
+
+    fn held<'a>(state: &'a mut State, claim: &Claim) -> Option<&'a mut Job> {
+        state
+            .jobs
+            .get_mut(&claim.push.user)
+            .filter(|job| job.holder.as_ref().is_some_and(|(o, _)| *o == claim.owner))
+    }
+}
+
+fn ready<'a, T: Send + 'a>(value: T) -> StoreFuture<'a, T> {
+    Box::pin(std::future::ready(Ok(value)))
+}
+
+impl Store for MemoryStore {
+    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, ()> {
+        let mut state = self.lock();
+        state.next_order += 1;
+        let order = state.next_order;
+        let job = state.jobs.entry(push.user.clone()).or_insert(Job {
+            push: push.clone(),
+            pending: false,
+            pending_since: order,
+            holder: None,
+        });
+        if !job.pending {
+            job.pending_since = order;
+        }
+        job.pending = true;
+        job.push = push;
+        ready(())
+    }
+
+    fn claim(&self, owner: String, lease: Duration) -> StoreFuture<'_, Option<Claim>> {
+        ready(self.claim_where(None, owner, lease))
+    }
+
+    fn claim_user(
+        &self,
+        user: UserId,
+        owner: String,
+        lease: Duration,
+    ) -> StoreFuture<'_, Option<Claim>> {
+        ready(self.claim_where(Some(&user), owner, lease))
+    }
+
+    fn renew(&self, claim: Claim, lease: Duration) -> StoreFuture<'_, bool> {
+        let mut state = self.lock();
+        let renewed = match MemoryStore::held(&mut state, &claim) {
+            Some(job) => {
+                job.holder = Some((claim.owner, Instant::now() + lease));
+                true
+            }
+            None => false,
+        };
+        ready(renewed)
+    }
+
+    fn finish(&self, claim: Claim) -> StoreFuture<'_, bool> {
+        let mut state = self.lock();
+        let finished = match MemoryStore::held(&mut state, &claim) {
+            Some(job) => {
+                job.holder = None;
+                true
+            }
+            None => false,
+        };
+        ready(finished)
+    }
+
+    fn record_push(&self, push: ExternalPush) -> StoreFuture<'_, ()> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let mine = state.pushes.entry(push.user).or_default();
+        mine.retain(|(r, o, at)| {
+            !(*r == push.refname && *o == push.new_oid) && now - *at < REMEMBERED_PUSH_TTL
+        });
+        while mine.len() >= REMEMBERED_PUSHES_PER_USER {
+            mine.pop_front();
+        }
+        mine.push_back((push.refname, push.new_oid, now));
+        ready(())
+    }
+
+    fn push_seen(&self, push: ExternalPush) -> StoreFuture<'_, bool> {
+        let now = Instant::now();
+        let state = self.lock();
+        ready(state.pushes.get(&push.user).is_some_and(|mine| {
+            mine.iter().any(|(r, o, at)| {
+                *r == push.refname && *o == push.new_oid && now - *at < REMEMBERED_PUSH_TTL
+            })
+        }))
+    }
+
+    fn first_delivery(&self, ids: Vec<String>) -> StoreFuture<'_, bool> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state
+            .deliveries
+            .retain(|_, at| now - *at < REMEMBERED_DELIVERY_TTL);
+        let first = !ids.iter().any(|id| state.deliveries.contains_key(id));
+        for id in ids {
+            state.deliveries.insert(id, now);
+        }
+        ready(first)
+    }
+
+    fn set_status(&self, sandbox: String, status: SandboxStatus) -> StoreFuture<'_, ()> {
+        let changed_at = SystemTime::now();
+        self.lock()
+            .statuses
+            .insert(sandbox.clone(), (status.clone(), changed_at));
+        let _ = self.changes.send(StatusChange {
+            sandbox,
+            status,
+            changed_at,
+        });
+        ready(())
+    }
+
+    fn status(&self, sandbox: String) -> StoreFuture<'_, Option<(SandboxStatus, SystemTime)>> {
+        ready(self.lock().statuses.get(&sandbox).cloned())
+    }
+
+    fn status_changes(&self) -> broadcast::Receiver<StatusChange> {
+        self.changes.subscribe()
+    }
+
+    fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {
+        ready(self.lock().generations.get(&user).map_or(0, |(g, _)| *g))
+    }
+
+    fn bump_token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {
+        let mut state = self.lock();
+        state.next_version += 1;
+        let version = state.next_version;
+        let entry = state.generations.entry(user).or_insert((0, version));
+        *entry = (entry.0 + 1, version);
+        ready(entry.0)
+    }
+
+    fn token_generations_since(&self, after: i64) -> StoreFuture<'_, Vec<(UserId, u64, i64)>> {
+        let state = self.lock();
+        ready(
+            state
+                .generations
+                .iter()
+                .filter(|(_, (_, version))| *version > after)
+                .map(|(user, (g, version))| (user.clone(), *g, *version))
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,226 @@
+//! The state every replica of the cloud shares, behind one trait with two implementations:
+//! [`memory::MemoryStore`] (in-process, one replica, nothing to install) and
+//! [`postgres::PostgresStore`] (PostgreSQL, any number of replicas).
+//!
+//! It holds the sync jobs (one row per user: coalesced, leased, claimed oldest first), the
+//! branch updates the proxy saw (for the webhook's de-duplication), the webhook deliveries
+//! already handled, each sandbox's status with the time of its change, and each user's project
+//! token generation. [`jobs::SyncJobs`] runs a command per job on top of it; [`StoreStatusSink`]
+//! and [`generations::StoreGenerations`] plug it into orchestration and token checks.
+
+pub mod generations;
+pub mod jobs;
+pub mod memory;
+pub mod postgres;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::BoxFuture;
+use tokio::sync::{broadcast, mpsc};
+
+use crate::UserId;
+use crate::orchestrate::{SandboxStatus, StatusSink};
+use crate::proxy::ExternalPush;
+
+/// A store operation in flight.
+pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
+
+/// How many branch updates are remembered per user for the webhook's de-duplication: GitLab's
+/// webhook for a proxied push arrives within seconds, far fewer updates than this later.
+pub const REMEMBERED_PUSHES_PER_USER: usize = 64;
+/// How long a remembered branch update counts (GitLab retries a failed webhook for hours).
+pub const REMEMBERED_PUSH_TTL: Duration = Duration::from_secs(24 * 3600);
+/// How long a handled webhook delivery id is remembered.
+pub const REMEMBERED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How many status changes a follower may fall behind before it misses some (it then reads
+/// [`Store::status`] again).
+pub const STATUS_CHANGES_BUFFER: usize = 1024;
+
+/// Why the store could not do something. Every variant is transient from the caller's side
+/// except `Migration` and `Corrupt`: retry later.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the database is unreachable: {0}")]
+    Unavailable(String),
+    #[error("the database refused a statement: {0}")]
+    Query(String),
+    #[error("cannot apply database migration {version}: {message}")]
+    Migration { version: i64, message: String },
+    #[error("the stored {what} is not readable: {message}")]
+    Corrupt { what: &'static str, message: String },
+}
+
+/// A sync job claimed by one runner: it alone runs the user's sync until it calls
+/// [`Store::finish`] or its lease runs out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The newest push of the user when the job was claimed.
+    pub push: ExternalPush,
+    /// Unique per claim: renewals and the finish of an expired claim change nothing.
+    pub owner: String,
+}
+
+/// One change of a sandbox's status, as followers see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusChange {
+    pub sandbox: String,
+    pub status: SandboxStatus,
+    pub changed_at: SystemTime,
+}
+
+/// The shared state. Methods take owned arguments so each returns one boxed future, which
+/// keeps the trait usable as `Arc<dyn Store>`.
+pub trait Store: Send + Sync + 'static {
+    /// Records that `push` needs a sync of its user: creates the user's job or marks it owed
+    /// again with this push as the newest. A run going on now is followed by exactly one more.
+    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, ()>;
+
+    /// Claims the owed job asked for longest ago (or one whose runner's lease ran out) for
+    /// `owner`, holding it for `lease`. `None`: nothing to run now. Never a job another claim
+    /// holds within its lease.
+    fn claim(&self, owner: String, lease: Duration) -> StoreFuture<'_, Option<Claim>>;
+
+    /// [`Store::claim`] limited to one user's job.
+    fn claim_user(
+        &self,
+        user: UserId,
+        owner: String,
+        lease: Duration,
+    ) -> StoreFuture<'_, Option<Claim>>;
+
+    /// Extends a claim's lease from now. `false`: the claim is no longer held (its lease ran
+    /// out and another runner may have the job): stop running it.
+    fn renew(&self, claim: Claim, lease: Duration) -> StoreFuture<'_, bool>;
+
+    /// Releases a claim. An event that arrived during the run leaves the job owed, so it runs
+    /// once more. `false`: the claim had already been lost.
+    fn finish(&self, claim: Claim) -> StoreFuture<'_, bool>;
+
+    /// Remembers a branch update the proxy saw applied (bounded per user, expiring).
+    fn record_push(&self, push: ExternalPush) -> StoreFuture<'_, ()>;
+
+    /// Whether the proxy saw this branch update lately.
+    fn push_seen(&self, push: ExternalPush) -> StoreFuture<'_, bool>;
+
+    /// Marks webhook delivery ids handled; `true` when none of them had been before (the
+    /// caller handles the delivery), `false` when one had (a replay: do nothing).
+    fn first_delivery(&self, ids: Vec<String>) -> StoreFuture<'_, bool>;
+
+    /// Records a sandbox's new status and tells every follower.
+    fn set_status(&self, sandbox: String, status: SandboxStatus) -> StoreFuture<'_, ()>;
+
+    /// A sandbox's status and when it last changed.
+    fn status(&self, sandbox: String) -> StoreFuture<'_, Option<(SandboxStatus, SystemTime)>>;
+
+    /// Status changes from now on, made by any replica (PostgreSQL: seen within a poll
+    /// interval).
+    fn status_changes(&self) -> broadcast::Receiver<StatusChange>;
+
+    /// The user's project token generation (0: never revoked).
+    fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64>;
+
+    /// Moves the user to the next token generation and returns it.
+    fn bump_token_generation(&self, user: UserId) -> StoreFuture<'_, u64>;
+
+    /// Every user at a generation above 0, with the version of its last change, for changes
+    /// with a version above `after`.
+    fn token_generations_since(&self, after: i64) -> StoreFuture<'_, Vec<(UserId, u64, i64)>>;
+}
+
+/// A unique owner name for one claim: the replica's name and a counter.
+pub fn claim_owner(replica: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{replica}#{n}")
+}
+
+/// A name for this process among the replicas: host, pid and start time.
+pub fn replica_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".to_owned());
+    let started = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    format!("{host}-{}-{started}", std::process::id())
+}
+
+/// A [`StatusSink`] that writes into a [`Store`], in order, from one task: `set_status` never
+/// waits for the database, and a change made while the database is down is written when it
+/// is back (only the newest per sandbox: older ones are superseded).
+#[derive(Clone)]
+pub struct StoreStatusSink {
+    changes: mpsc::UnboundedSender<(String, SandboxStatus)>,
+}
+
+impl StoreStatusSink {
+    /// Spawns the writer task; it ends when every clone of the sink is dropped and the
+    /// changes are written.
+    pub fn new(store: Arc<dyn Store>) -> StoreStatusSink {
+        let (changes, mut pending) = mpsc::unbounded_channel::<(String, SandboxStatus)>();
+        tokio::spawn(async move {
+            while let Some((sandbox, status)) = pending.recv().await {
+                let mut newest = vec![(sandbox, status)];
+                while let Ok((sandbox, status)) = pending.try_recv() {
+                    newest.retain(|(s, _)| *s != sandbox);
+                    newest.push((sandbox, status));
+                }
+                for (sandbox, status) in newest {
+                    let mut delay = Duration::from_millis(100);
+                    while let Err(e) = store.set_status(sandbox.clone(), status.clone()).await {
+                        tracing::warn!(%sandbox, error = %e, "cannot record the sandbox status; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        });
+        StoreStatusSink { changes }
+    }
+}
+
+impl StatusSink for StoreStatusSink {
+    fn set_status(&self, sandbox: &str, status: SandboxStatus) {
+        let _ = self.changes.send((sandbox.to_owned(), status));
+    }
+}
+
+/// Milliseconds since the Unix epoch as a time.
+fn from_millis(ms: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or_default())
+}
+
+/// Runs `run` while renewing `claim` every third of `lease`. `false`: the lease was lost first
+/// (the store gave the job up, or could not be reached until the lease ran out), and `run` was
+/// dropped unfinished, since another runner may hold the job now.
+pub async fn run_holding(
+    store: &dyn Store,
+    claim: &Claim,
+    lease: Duration,
+    run: impl std::future::Future<Output = ()>,
+) -> bool {
+    let user = &claim.push.user;
+    tokio::pin!(run);
+    let mut held_until = tokio::time::Instant::now() + lease;
+    let mut renew = tokio::time::interval(lease / 3);
+    renew.tick().await;
+    loop {
+        tokio::select! {
+            () = &mut run => return true,
+            _ = renew.tick() => match store.renew(claim.clone(), lease).await {
+                Ok(true) => held_until = tokio::time::Instant::now() + lease,
+                Ok(false) => {
+                    tracing::error!(%user, "the sync job's lease was lost; stopping this run");
+                    return false;
+                }
+                Err(e) if tokio::time::Instant::now() >= held_until => {
+                    tracing::error!(%user, error = %e, "the sync job's lease cannot be renewed and ran out; stopping this run");
+                    return false;
+                }
+                Err(e) => tracing::warn!(%user, error = %e, "cannot renew the sync job's lease yet"),
+            },
+        }
+    }
+}
