@@ -96,8 +96,6 @@ mod proxy;
 mod sandbox;
 mod secrets;
 mod serve;
-/// The state store every replica shares (sync jobs, recent pushes, webhook deliveries,
-/// statuses, token generations): in-process, or PostgreSQL.
 pub mod store;
 mod token;
 mod user;
