@@ -1,9 +1,9 @@
 //! `gitlab check` and `gitlab ensure-project`.
 
 use anyhow::anyhow;
+use cloud_core::GitLab;
 use cloud_core::UserId;
-use cloud_core::config::{Config, SERVICE_TOKEN_ENV};
-use cloud_core::gitlab::GitLab;
+use cloud_core::{Config, SERVICE_TOKEN_ENV};
 use serde_json::json;
 
 use crate::outcome::{Failure, Outcome, Success};

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use cloud_core::UserId;
-use cloud_core::token::TokenSigner;
-use cloud_core::web::signin::SignIn;
+use cloud_core::{SignIn, TokenSigner};
 use serde_json::json;
 
 use crate::outcome::{Failure, Outcome, Success};

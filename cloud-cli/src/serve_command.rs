@@ -6,13 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use cloud_core::config::Config;
-use cloud_core::proxy::ProxyLimits;
-use cloud_core::serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, serve};
-use cloud_core::token::TokenSigner;
-use cloud_core::web::WebConfig;
-use cloud_core::web::sandboxes::{LocalSandboxes, watcher_on_path};
-use cloud_core::webhook::{WEBHOOK_SECRET_ENV, webhook_secret};
+use cloud_core::{
+    Config, ConnectionLimits, LocalSandboxes, ProxyLimits, ServeConfig, ServeError, TokenSigner,
+    UpstreamChoice, WEBHOOK_SECRET_ENV, WebConfig, serve, watcher_on_path, webhook_secret,
+};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -119,11 +116,11 @@ pub async fn run(args: ServeArgs) -> Outcome {
         )));
     }
     if args.database_url.as_ref().is_some_and(|u| !u.is_empty())
-        && std::env::var_os(cloud_core::token::TOKEN_STATE_ENV).is_some_and(|d| !d.is_empty())
+        && std::env::var_os(cloud_core::TOKEN_STATE_ENV).is_some_and(|d| !d.is_empty())
     {
         return Err(Failure::config(anyhow::anyhow!(
             "both --database-url and {} are set: token generations live in one place; unset one",
-            cloud_core::token::TOKEN_STATE_ENV
+            cloud_core::TOKEN_STATE_ENV
         )));
     }
     let database = args

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use cloud_core::TOKEN_STATE_ENV;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
 use cloud_core::store::Store;
 use cloud_core::store::generations::StoreGenerations;
 use cloud_core::store::postgres::{PostgresStore, pool};
-use cloud_core::token::{TOKEN_STATE_ENV, TokenSigner};
 use serde_json::json;
 
 use crate::outcome::{Failure, Outcome, Success};
@@ -64,7 +65,7 @@ pub async fn revoke(user: &str, print_new: bool) -> Outcome {
         }
         (signer, None) => {
             let token = signer.rotate(&user).map_err(|e| match e {
-                cloud_core::token::GenerationError::NoStore => Failure::config(e),
+                cloud_core::GenerationError::NoStore => Failure::config(e),
                 e => Failure::runtime(e),
             })?;
             (token, signer.generation(&user).map_err(Failure::runtime)?)

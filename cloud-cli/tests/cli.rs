@@ -3,8 +3,8 @@
 
 use std::process::Output;
 
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::token::TokenSigner;
 use serde_json::Value;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
 

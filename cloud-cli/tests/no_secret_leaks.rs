@@ -11,17 +11,15 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cloud_core::Config;
+use cloud_core::EmbeddedUpstream;
+use cloud_core::LocalSandbox;
+use cloud_core::Manifest;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::config::Config;
-use cloud_core::gitlab::{GitLab, RetryPolicy};
-use cloud_core::manifest::Manifest;
-use cloud_core::orchestrate::{
-    Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink,
-};
-use cloud_core::proxy::embedded::EmbeddedUpstream;
-use cloud_core::sandbox::LocalSandbox;
-use cloud_core::secrets::{RestoreForm, SecretValue, render_env};
-use cloud_core::token::TokenSigner;
+use cloud_core::{GitLab, RetryPolicy};
+use cloud_core::{Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink};
+use cloud_core::{RestoreForm, SecretValue, render_env};
 use secrecy::SecretString;
 use testkit::fake_gitlab::{FakeGitLab, Fault, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_repo};

@@ -73,7 +73,9 @@ impl Config {
 
     /// [`Config::from_env`] over any variable source (tests pass a map instead of mutating the
     /// process environment).
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Config>, ConfigError> {
+    pub(crate) fn from_vars(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Config>, ConfigError> {
         let set = |name: &str| {
             var(name)
                 .map(|v| v.trim().to_owned())

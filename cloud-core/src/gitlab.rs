@@ -165,7 +165,7 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// The wait before attempt `failed + 1` after `failed` failures, or `None` to give up.
     /// A server's `Retry-After` wins over the backoff: it knows when it will serve again.
-    pub fn delay(&self, failed: u32, retry_after: Option<Duration>) -> Option<Duration> {
+    pub(crate) fn delay(&self, failed: u32, retry_after: Option<Duration>) -> Option<Duration> {
         if failed >= self.max_attempts {
             return None;
         }
@@ -336,7 +336,7 @@ impl GitLab {
     }
 
     /// The full path of the group that holds the user projects, as GitLab spells it.
-    pub async fn group_path(&self) -> Result<String, GitLabError> {
+    pub(crate) async fn group_path(&self) -> Result<String, GitLabError> {
         Ok(self.group().await?.full_path)
     }
 
@@ -352,7 +352,7 @@ impl GitLab {
     /// The newest `limit` commits of `user`'s project on every branch (the project's branch and
     /// the `recovery/` branches), newest first, paging through GitLab's answers. A user without
     /// a project, or a project without a repository yet, has none. Never creates anything.
-    pub async fn recent_commits(
+    pub(crate) async fn recent_commits(
         &self,
         user: &UserId,
         limit: usize,

@@ -29,13 +29,13 @@ const MAX_CGI_HEADER_BYTES: usize = 64 * 1024;
 /// The process groups of the `git http-backend` children still running, so a server that stops
 /// can end them all ([`Children::kill_all`]). Cheap to clone; clones share the set.
 #[derive(Debug, Clone, Default)]
-pub struct Children {
+pub(crate) struct Children {
     live: Arc<Mutex<HashSet<u32>>>,
 }
 
 impl Children {
     /// SIGKILLs every child's process group still running.
-    pub fn kill_all(&self) {
+    pub(crate) fn kill_all(&self) {
         let groups: Vec<u32> = self.lock().drain().collect();
         for group in groups {
             crate::process_group::kill(group);
@@ -83,7 +83,7 @@ where
 /// early: the request body fails (client gone, idle timeout, size limit) or the response body
 /// is dropped before its end. http-backend gets no `CONTENT_LENGTH`, so it reads its stdin to
 /// the end: with a length, git's fixed-length reader spins forever on an early EOF.
-pub async fn serve_with<B>(
+pub(crate) async fn serve_with<B>(
     children: &Children,
     project_root: &Path,
     extra_config: &[(&str, &str)],

@@ -1,20 +1,143 @@
 //! cloud-core: the cloud side of project persistence, linked by the cloud backend.
+//!
+//! Each user's sandbox runs `project-watcher`, which saves the project to git and pushes it
+//! through this crate's git proxy to the user's project (GitLab, or a directory of bare
+//! repositories on one machine). Everything a backend needs is re-exported here:
+//!
+//! - **orchestration**: [`Orchestrator`] (`provision`, `begin_restore`/`finish_restore`,
+//!   `sync`, `with_watcher_stopped`, `backfill`, `history`, `restore_to`) over a
+//!   [`Sandbox`], reporting [`SandboxStatus`] changes (a failed sync is
+//!   [`SandboxStatus::Broken`] with a [`SyncFailure`]) to a [`StatusSink`]; [`Lifecycle`]
+//!   adds re-provisioning of lost sandboxes from a [`SandboxProvider`] under a
+//!   [`RecoveryPolicy`];
+//! - **sandboxes**: the [`Sandbox`] trait (run a command, read and write files),
+//!   [`LocalSandbox`] and [`LocalProvider`] for one machine and tests;
+//! - **projects**: [`ProjectHost`], implemented by the [`GitLab`] client (configured by
+//!   [`Config::from_env`]) and by [`EmbeddedUpstream`];
+//! - **the git proxy and the webhook**: [`Proxy::router`] (mount at `/api/git`) and
+//!   [`Webhook::router`] (GitLab's push webhook), both reporting an [`ExternalPush`];
+//! - **tokens**: [`TokenSigner`] mints and verifies each user's `PROJECT_TOKEN`; revocation
+//!   keeps a generation per user behind [`Generations`] ([`GenerationDir`] on one machine);
+//! - **the manifest and the restore form**: [`Manifest`] (`shmastra.json`, defined in the
+//!   contract crate the watcher shares, re-exported as [`contract`]), [`RestoreForm`] and
+//!   [`SecretValue`];
+//! - **the ready-made server**: [`serve`] with a [`ServeConfig`] (what `shmastra-cloud serve`
+//!   runs), or [`app`] to mount the same routes in a backend's own server; with a
+//!   [`WebConfig`], the workspace page (sign-in links from [`SignIn`], one
+//!   [`LocalSandboxes`] sandbox per user on one machine).
+//!
+//! The state every replica shares (sync jobs, recent pushes, webhook deliveries, statuses,
+//! token generations) is the [`store`] module: one trait, in-process or PostgreSQL.
+//!
+//! # A backend, wired
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use cloud_core::{
+//!     EmbeddedUpstream, ExternalPush, LocalSandbox, Orchestrator, Persistence, Proxy,
+//!     ProxyLimits, SandboxLayout, SandboxStatus, SecretValue, StatusSink, TokenSigner, UserId,
+//! };
+//!
+//! /// Where statuses go: the backend's database; here, the log.
+//! struct Statuses;
+//!
+//! impl StatusSink for Statuses {
+//!     fn set_status(&self, sandbox: &str, status: SandboxStatus) {
+//!         println!("{sandbox}: {}", serde_json::to_string(&status).unwrap());
+//!     }
+//! }
+//!
+//! # async fn wire() -> Result<(), Box<dyn std::error::Error>> {
+//! let signer = TokenSigner::from_env()?; // SHMASTRA_TOKEN_SECRET
+//! let repos = "/var/lib/shmastra/repos";
+//!
+//! // The git proxy: a push from anywhere but the sandbox's watcher asks for a sync.
+//! let on_push = Arc::new(|push: ExternalPush| println!("sync {} at {}", push.user, push.new_oid));
+//! let proxy = Proxy::new(
+//!     signer.clone(),
+//!     Arc::new(EmbeddedUpstream::new(repos)?),
+//!     ProxyLimits::default(),
+//!     on_push,
+//! );
+//! let app: axum::Router = axum::Router::new().nest("/api/git", proxy.router());
+//!
+//! // Orchestration of the user's sandbox.
+//! let orchestrator = Orchestrator::new(
+//!     Some(Persistence {
+//!         host: EmbeddedUpstream::new(repos)?,
+//!         signer,
+//!         git_url: "https://cloud.example/api/git".into(),
+//!     }),
+//!     SandboxLayout::shmastra(),
+//! );
+//! let alice = UserId::parse("alice")?;
+//! let sandbox = LocalSandbox::new("alice", "/srv/sandboxes/alice");
+//! let plan = orchestrator.begin_restore(&sandbox, &alice).await?;
+//! // Ask the user for `plan.secret_names()`, then:
+//! let form = vec![("OPENAI_API_KEY".to_owned(), SecretValue::new("sk-...".to_owned()))];
+//! orchestrator.finish_restore(&sandbox, &plan, form).await?;
+//! // After an external push:
+//! orchestrator.sync(&sandbox, &alice, &Statuses).await;
+//! # drop(app);
+//! # Ok(())
+//! # }
+//! ```
 
-pub mod config;
-pub mod gitlab;
+mod config;
+mod gitlab;
+/// `git http-backend` as CGI behind an HTTP handler: the embedded upstream's engine, public
+/// for test servers (`testkit`).
 pub mod http_backend;
-pub mod manifest;
-pub mod orchestrate;
+mod orchestrate;
 mod process_group;
-pub mod provider;
-pub mod proxy;
-pub mod sandbox;
-pub mod secrets;
-pub mod serve;
+mod provider;
+mod proxy;
+mod sandbox;
+mod secrets;
+mod serve;
 pub mod store;
-pub mod token;
-pub mod user;
-pub mod web;
-pub mod webhook;
+mod token;
+mod user;
+mod web;
+mod webhook;
 
-pub use user::UserId;
+pub use shmastra_contract as contract;
+pub use shmastra_contract::{Manifest, ManifestError, SyncFailure};
+
+pub use orchestrate::coalesce::Triggered;
+pub use orchestrate::history::{
+    HistoryError, RestoreToError, RestoredTo, Save, SaveHistory, SaveKind,
+};
+pub use orchestrate::lifecycle::{Lifecycle, Reprovisioned, SecretSource};
+pub use orchestrate::recovery::RecoveryPolicy;
+pub use orchestrate::{
+    BackfillEntry, BackfillOutcome, OrchestrateError, Orchestrator, Persistence, ProjectHost,
+    ProvisionStep, Provisioned, RestorePlan, SandboxLayout, SandboxStatus, StatusSink,
+};
+
+pub use provider::{LocalProvider, SandboxProvider};
+pub use sandbox::{Exec, ExecOutput, LocalSandbox, Sandbox, SandboxError};
+
+pub use config::{Config, ConfigError, SERVICE_TOKEN_ENV};
+pub use gitlab::{GitLab, GitLabError, RetryPolicy};
+
+pub use proxy::embedded::EmbeddedUpstream;
+pub use proxy::events::{OnExternalPush, RecentPushes};
+pub use proxy::upstream::{HttpUpstream, RepoLocator, RepoPerUser, Upstream};
+pub use proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
+pub use webhook::{GroupPath, WEBHOOK_SECRET_ENV, Webhook, WebhookSecretError, webhook_secret};
+
+pub use token::{
+    GenerationDir, GenerationError, Generations, TOKEN_SECRET_ENV, TOKEN_STATE_ENV,
+    TokenSecretError, TokenSigner,
+};
+
+pub use secrets::{FormProblem, RestoreForm, RestoreFormError, SecretValue, render_env};
+
+pub use serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, app, serve};
+pub use web::WebConfig;
+pub use web::sandboxes::{LocalSandboxes, watcher_on_path};
+pub use web::signin::{SignIn, TtlTooLong};
+
+pub use user::{InvalidUserId, UserId};

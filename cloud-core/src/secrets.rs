@@ -7,7 +7,7 @@ use std::fmt;
 
 use zeroize::Zeroizing;
 
-use crate::manifest::Manifest;
+use shmastra_contract::Manifest;
 
 /// Largest accepted value, in bytes.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;

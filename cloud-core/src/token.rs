@@ -159,7 +159,7 @@ pub struct TokenSigner {
 }
 
 impl TokenSigner {
-    /// A signer keyed with `secret`, which must hold at least [`MIN_SECRET_LEN`] bytes (a key
+    /// A signer keyed with `secret`, which must hold at least `MIN_SECRET_LEN` (32) bytes (a key
     /// the caller made; an operator's secret goes through [`TokenSigner::from_secret`]).
     pub fn new(secret: &[u8]) -> Result<TokenSigner, TokenSecretError> {
         if secret.len() < MIN_SECRET_LEN {
@@ -196,7 +196,7 @@ impl TokenSigner {
     }
 
     /// A signer keyed with an operator's secret string (its UTF-8 bytes): at least
-    /// [`MIN_SECRET_LEN`] bytes, of at least [`MIN_DISTINCT_BYTES`] different values.
+    /// `MIN_SECRET_LEN` (32) bytes, of at least `MIN_DISTINCT_BYTES` (8) different values.
     pub fn from_secret(secret: &SecretString) -> Result<TokenSigner, TokenSecretError> {
         let bytes = secret.expose_secret().as_bytes();
         if bytes.len() >= MIN_SECRET_LEN {

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use cloud_core::Config;
 use cloud_core::UserId;
-use cloud_core::config::Config;
-use cloud_core::gitlab::{GitLab, GitLabError, RetryPolicy};
+use cloud_core::{GitLab, GitLabError, RetryPolicy};
 use secrecy::SecretString;
 use testkit::fake_gitlab::{FakeGitLab, Fault, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
 

@@ -8,16 +8,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cloud_core::Config;
+use cloud_core::GitLab;
+use cloud_core::LocalSandbox;
+use cloud_core::TokenSigner;
+use cloud_core::Triggered;
 use cloud_core::UserId;
-use cloud_core::config::Config;
-use cloud_core::gitlab::GitLab;
-use cloud_core::orchestrate::coalesce::Triggered;
-use cloud_core::orchestrate::{
+use cloud_core::{
     BackfillOutcome, Orchestrator, Persistence, Provisioned, SandboxLayout, SandboxStatus,
     StatusSink,
 };
-use cloud_core::sandbox::LocalSandbox;
-use cloud_core::token::TokenSigner;
 use secrecy::SecretString;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env};
@@ -296,8 +296,11 @@ async fn sync_reports_ready_or_broken_with_the_failure_tail() {
     let last = statuses.of("sbx").pop().unwrap();
     match last {
         SandboxStatus::Broken { failure } => {
-            assert!(failure.starts_with("step: install\n"), "{failure}");
-            assert!(failure.contains("npm ERR! missing script"), "{failure}");
+            assert_eq!(failure.step, "install", "{failure:?}");
+            assert!(
+                failure.tail.contains("npm ERR! missing script"),
+                "{failure:?}"
+            );
         }
         other => panic!("expected broken, got {other:?}"),
     }

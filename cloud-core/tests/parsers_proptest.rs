@@ -10,10 +10,10 @@ use std::fmt::Debug;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use cloud_core::manifest::Manifest;
-use cloud_core::secrets::{RestoreForm, SecretValue, render_env};
-use cloud_core::token::TokenSigner;
-use cloud_core::user::UserId;
+use cloud_core::Manifest;
+use cloud_core::TokenSigner;
+use cloud_core::UserId;
+use cloud_core::{RestoreForm, SecretValue, render_env};
 use hmac::{Hmac, Mac};
 use proptest::prelude::*;
 use proptest::sample::Index;

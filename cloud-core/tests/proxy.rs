@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cloud_core::EmbeddedUpstream;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::proxy::embedded::EmbeddedUpstream;
-use cloud_core::proxy::upstream::{HttpUpstream, RepoPerUser, Upstream};
-use cloud_core::proxy::{ExternalPush, Proxy, ProxyLimits};
-use cloud_core::token::TokenSigner;
+use cloud_core::{ExternalPush, Proxy, ProxyLimits};
+use cloud_core::{HttpUpstream, RepoPerUser, Upstream};
 use secrecy::SecretString;
 use testkit::git::{git, git_output, init_repo};
 use testkit::git_server::{Fault, GitServer};

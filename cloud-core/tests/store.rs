@@ -6,13 +6,13 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use cloud_core::ExternalPush;
+use cloud_core::StatusSink;
 use cloud_core::UserId;
-use cloud_core::orchestrate::StatusSink;
-use cloud_core::orchestrate::{ProvisionStep, SandboxStatus};
-use cloud_core::proxy::ExternalPush;
 use cloud_core::store::memory::MemoryStore;
 use cloud_core::store::postgres::{PostgresStore, pool};
 use cloud_core::store::{REMEMBERED_PUSHES_PER_USER, Store, StoreStatusSink};
+use cloud_core::{ProvisionStep, SandboxStatus};
 use testkit::postgres::Postgres;
 use testkit::wait::until_async;
 
@@ -283,7 +283,7 @@ async fn statuses_are_read_and_followed_from_every_replica(r: Replicas) {
         .await
         .unwrap();
     let broken = SandboxStatus::Broken {
-        failure: "step: install\nnpm ERR!".into(),
+        failure: cloud_core::SyncFailure::new("install", "`npm ci` failed").with_tail(["npm ERR!"]),
     };
     r.a.set_status("sb-1".into(), broken.clone()).await.unwrap();
     r.a.set_status(

@@ -7,18 +7,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cloud_core::EmbeddedUpstream;
+use cloud_core::ExternalPush;
+use cloud_core::LocalSandbox;
+use cloud_core::TokenSigner;
+use cloud_core::Triggered;
 use cloud_core::UserId;
-use cloud_core::orchestrate::coalesce::Triggered;
-use cloud_core::orchestrate::{
-    Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink,
-};
-use cloud_core::proxy::ExternalPush;
-use cloud_core::proxy::embedded::EmbeddedUpstream;
-use cloud_core::sandbox::LocalSandbox;
 use cloud_core::store::Store;
 use cloud_core::store::memory::MemoryStore;
 use cloud_core::store::postgres::{PostgresStore, pool};
-use cloud_core::token::TokenSigner;
+use cloud_core::{Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink};
 use testkit::postgres::Postgres;
 
 const LEASE: Duration = Duration::from_secs(5);

@@ -7,15 +7,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use cloud_core::EmbeddedUpstream;
+use cloud_core::LocalSandbox;
+use cloud_core::ProxyLimits;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::orchestrate::{
-    Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink,
-};
-use cloud_core::proxy::ProxyLimits;
-use cloud_core::proxy::embedded::EmbeddedUpstream;
-use cloud_core::sandbox::LocalSandbox;
-use cloud_core::serve::{ConnectionLimits, ServeConfig, UpstreamChoice, serve};
-use cloud_core::token::TokenSigner;
+use cloud_core::{ConnectionLimits, ServeConfig, UpstreamChoice, serve};
+use cloud_core::{Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink};
 use testkit::git::{git, git_output, hermetic_env, init_repo, tree_of, tree_of_add_all};
 use testkit::wait::until_async;
 

@@ -10,19 +10,19 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cloud_core::EmbeddedUpstream;
+use cloud_core::RecoveryPolicy;
+use cloud_core::SecretValue;
+use cloud_core::TokenSigner;
+use cloud_core::Triggered;
 use cloud_core::UserId;
-use cloud_core::orchestrate::coalesce::Triggered;
-use cloud_core::orchestrate::lifecycle::{Lifecycle, Reprovisioned};
-use cloud_core::orchestrate::recovery::RecoveryPolicy;
-use cloud_core::orchestrate::{
+use cloud_core::{Lifecycle, Reprovisioned};
+use cloud_core::{LocalProvider, SandboxProvider};
+use cloud_core::{LocalSandbox, SandboxError};
+use cloud_core::{
     OrchestrateError, Orchestrator, Persistence, ProvisionStep, Provisioned, SandboxLayout,
     SandboxStatus, StatusSink,
 };
-use cloud_core::provider::{LocalProvider, SandboxProvider};
-use cloud_core::proxy::embedded::EmbeddedUpstream;
-use cloud_core::sandbox::{LocalSandbox, SandboxError};
-use cloud_core::secrets::SecretValue;
-use cloud_core::token::TokenSigner;
 use testkit::git::{git, git_output, hermetic_env, init_repo, tree_of, tree_of_add_all};
 use testkit::git_server::GitServer;
 use testkit::wait::until_async;

@@ -7,15 +7,15 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cloud_core::Config;
+use cloud_core::GitLab;
+use cloud_core::LocalSandbox;
+use cloud_core::SecretValue;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::config::Config;
-use cloud_core::gitlab::GitLab;
-use cloud_core::orchestrate::{
+use cloud_core::{
     OrchestrateError, Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink,
 };
-use cloud_core::sandbox::LocalSandbox;
-use cloud_core::secrets::SecretValue;
-use cloud_core::token::TokenSigner;
 use std::sync::Mutex;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_bare, init_repo, tree_of, tree_of_add_all};
@@ -348,11 +348,17 @@ async fn sync_with_a_failing_install_ends_broken_with_the_install_output() {
     let SandboxStatus::Broken { failure } = last else {
         panic!("expected broken, got {last:?}");
     };
-    assert!(failure.starts_with("step: install\n"), "{failure}");
-    assert!(
-        failure.contains("npm ERR! 404 left-pad not found"),
-        "{failure}"
+    assert_eq!(failure.step, "install", "{failure:?}");
+    assert_eq!(
+        failure.tail, "npm ERR! 404 left-pad not found",
+        "{failure:?}"
     );
     let file = fs::read_to_string(world.home().join("sync-failure")).unwrap();
-    assert_eq!(file, failure);
+    assert_eq!(file, failure.render());
+    let json = serde_json::to_value(SandboxStatus::Broken {
+        failure: failure.clone(),
+    })
+    .unwrap();
+    assert_eq!(json["state"], "broken");
+    assert_eq!(json["failure"]["step"], "install");
 }

@@ -282,8 +282,8 @@ fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
 }
 
 /// `SandboxLayout::shmastra()`'s own PM2 commands, pointed at this checkout's ecosystem file.
-fn shmastra_layout(ecosystem: &str, watcher: &Path) -> cloud_core::orchestrate::SandboxLayout {
-    let mut layout = cloud_core::orchestrate::SandboxLayout::shmastra();
+fn shmastra_layout(ecosystem: &str, watcher: &Path) -> cloud_core::SandboxLayout {
+    let mut layout = cloud_core::SandboxLayout::shmastra();
     let here = |cmd: &str| cmd.replace("/home/user/ecosystem.config.js", ecosystem);
     layout.start_watcher = here(&layout.start_watcher);
     layout.start_dev_server = here(&layout.start_dev_server);
@@ -295,11 +295,11 @@ fn shmastra_layout(ecosystem: &str, watcher: &Path) -> cloud_core::orchestrate::
 
 #[tokio::test]
 async fn provision_drives_pm2_once_and_restarts_the_watcher_with_a_new_token() {
+    use cloud_core::EmbeddedUpstream;
+    use cloud_core::LocalSandbox;
+    use cloud_core::TokenSigner;
     use cloud_core::UserId;
-    use cloud_core::orchestrate::{Orchestrator, Persistence};
-    use cloud_core::proxy::embedded::EmbeddedUpstream;
-    use cloud_core::sandbox::LocalSandbox;
-    use cloud_core::token::TokenSigner;
+    use cloud_core::{Orchestrator, Persistence};
 
     let pm2_bin = pm2_bin();
     let watcher_bin = testkit::cargo_bin::project_watcher();

@@ -6,10 +6,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cloud_core::EmbeddedUpstream;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::proxy::embedded::EmbeddedUpstream;
-use cloud_core::proxy::{ExternalPush, Proxy, ProxyLimits};
-use cloud_core::token::TokenSigner;
+use cloud_core::{ExternalPush, Proxy, ProxyLimits};
 use project_watcher::config::Config;
 use project_watcher::daemon;
 use testkit::git::{git, init_repo, tree_of, tree_of_add_all};

@@ -1,8 +1,9 @@
-//! Reliability across the parts: whatever a user's `.env` holds, the `shmastra.json` the
-//! watcher writes from it is one cloud-core accepts, listing the same names (a manifest the
-//! cloud refused would make the project impossible to restore).
+//! Reliability across the parts: whatever a user's env files hold, the `shmastra.json` the
+//! watcher writes for them (its real `manifest::sync`, on disk) is one cloud-core accepts and
+//! lists every name dotenvy reads (a manifest the cloud refused would make the project
+//! impossible to restore; a name left out would lose its secret at the next restore).
 
-use cloud_core::manifest::Manifest;
+use cloud_core::Manifest;
 use proptest::prelude::*;
 
 /// `.env` lines as people write them, well-formed or not.
@@ -31,19 +32,21 @@ proptest! {
             0..3,
         ),
     ) {
+        let dir = tempfile::tempdir().unwrap();
         let text = lines.join("\n");
+        std::fs::write(dir.path().join(".env"), &text).unwrap();
         let (names, _malformed) = project_watcher::manifest::env_names(text.as_bytes());
-        let env_files: std::collections::BTreeMap<String, Vec<String>> = files
-            .into_iter()
-            .filter(|(file, _)| project_watcher::filter::is_env_file_name(file))
-            .map(|(file, lines)| {
-                let text = lines.join("\n");
-                (file, project_watcher::manifest::env_names(text.as_bytes()).0)
-            })
-            .collect();
-        let written = project_watcher::manifest::render_with_files(&names, &env_files);
-        let parsed = Manifest::parse(&written);
-        prop_assert!(parsed.is_ok(), "{text:?} -> {written}: {parsed:?}");
+        let mut env_files = std::collections::BTreeMap::new();
+        for (file, lines) in files {
+            let text = lines.join("\n");
+            std::fs::write(dir.path().join(&file), &text).unwrap();
+            if cloud_core::contract::manifest::is_env_file_name(&file) {
+                env_files.insert(file, project_watcher::manifest::env_names(text.as_bytes()).0);
+            }
+        }
+        project_watcher::manifest::sync(dir.path()).unwrap();
+        let parsed = Manifest::read(&dir.path().join(cloud_core::contract::MANIFEST_FILE));
+        prop_assert!(parsed.is_ok(), "{text:?}: {parsed:?}");
         let manifest = parsed.unwrap();
         prop_assert_eq!(manifest.env(), names.as_slice());
         prop_assert_eq!(manifest.env_files(), &env_files);

@@ -11,16 +11,16 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use cloud_core::Config;
+use cloud_core::EmbeddedUpstream;
+use cloud_core::GitLab;
+use cloud_core::LocalSandbox;
+use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::config::Config;
-use cloud_core::gitlab::GitLab;
-use cloud_core::orchestrate::history::{RestoreToError, Save, SaveKind};
-use cloud_core::orchestrate::{
+use cloud_core::{
     Orchestrator, Persistence, ProjectHost, SandboxLayout, SandboxStatus, StatusSink,
 };
-use cloud_core::proxy::embedded::EmbeddedUpstream;
-use cloud_core::sandbox::LocalSandbox;
-use cloud_core::token::TokenSigner;
+use cloud_core::{RestoreToError, Save, SaveKind};
 use serde_json::Value;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_bare, init_repo, tree_of};

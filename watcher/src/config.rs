@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use shmastra_contract::env::{DEFAULT_BRANCH, DEFAULT_REMOTE};
+
 /// How log lines look. `Auto` is pretty on a terminal and JSON otherwise (PM2 collects logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -106,8 +108,6 @@ impl fmt::Debug for Config {
     }
 }
 
-pub const DEFAULT_REMOTE: &str = "project";
-pub const DEFAULT_BRANCH: &str = "main";
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_secs(3);
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_FILE_SIZE: u64 = 50 * 1024 * 1024;

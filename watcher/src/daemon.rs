@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use git2::{Oid, Repository};
+use shmastra_contract::MANIFEST_FILE;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -114,7 +115,7 @@ async fn sync_manifest(workdir: &Path, git_dir: &Path) -> Result<(), DaemonError
     tokio::task::spawn_blocking(move || {
         let _lock = RepoLock::acquire(&git_dir)?;
         if let Err(e) = manifest::sync(&workdir) {
-            tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE);
+            tracing::warn!("cannot update {MANIFEST_FILE}: {e}");
         }
         Ok(())
     })

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use shmastra_contract::manifest::is_env_file_name;
 
 /// The file name that is never committed, whatever `.gitignore` says.
 pub const ENV_FILE: &str = ".env";
@@ -261,19 +262,6 @@ pub fn is_always_ignored(rel: &Path) -> bool {
             .file_name()
             .and_then(|n| n.to_str())
             .is_some_and(is_env_file_name)
-}
-
-/// The usual homes of secrets in Node projects, never saved: `.env`, and `.env.<anything>`
-/// (`.env.local`, `.env.production`, `.env.development.local`, ...) except the templates
-/// `.env.example`, `.env.sample` and `.env.template`. Restore asks for their values (the
-/// manifest lists the names of those at the root).
-pub fn is_env_file_name(name: &str) -> bool {
-    name == ENV_FILE
-        || (name.starts_with(".env.")
-            && name.len() > ".env.".len()
-            && ![".example", ".sample", ".template"]
-                .iter()
-                .any(|t| name.ends_with(t)))
 }
 
 fn read_rules(

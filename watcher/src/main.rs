@@ -14,6 +14,7 @@ use project_watcher::remote::{self, RemoteSettings};
 use project_watcher::restore::{self, Restored};
 use project_watcher::restore_at;
 use project_watcher::sync::{self, SyncSettings};
+use shmastra_contract::env;
 
 #[derive(Parser)]
 #[command(
@@ -52,13 +53,13 @@ enum Command {
 #[derive(Args)]
 struct RemoteArgs {
     /// The project directory (top of a git working tree).
-    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    #[arg(long, env = env::PROJECT_DIR, default_value = ".")]
     dir: PathBuf,
     /// The remote the project is saved to; when it does not exist, `watch` commits locally.
-    #[arg(long, env = "PROJECT_REMOTE", default_value = config::DEFAULT_REMOTE)]
+    #[arg(long, env = env::PROJECT_REMOTE, default_value = env::DEFAULT_REMOTE)]
     remote: String,
     /// The branch on that remote.
-    #[arg(long, env = "PROJECT_BRANCH", default_value = config::DEFAULT_BRANCH)]
+    #[arg(long, env = env::PROJECT_BRANCH, default_value = env::DEFAULT_BRANCH)]
     branch: String,
 }
 
@@ -95,10 +96,10 @@ struct RestoreArgs {
 
 #[derive(Args)]
 struct HistoryArgs {
-    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    #[arg(long, env = env::PROJECT_DIR, default_value = ".")]
     dir: PathBuf,
     /// The remote whose branches say what was pushed.
-    #[arg(long, env = "PROJECT_REMOTE", default_value = config::DEFAULT_REMOTE)]
+    #[arg(long, env = env::PROJECT_REMOTE, default_value = env::DEFAULT_REMOTE)]
     remote: String,
     /// At most this many saves.
     #[arg(long, default_value_t = 50)]
@@ -115,7 +116,7 @@ struct HistoryArgs {
 struct ShowArgs {
     /// The save: a commit id or unique prefix, an RFC 3339 time, or a duration ago.
     rev: String,
-    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    #[arg(long, env = env::PROJECT_DIR, default_value = ".")]
     dir: PathBuf,
 }
 
@@ -124,7 +125,7 @@ struct SyncArgs {
     #[command(flatten)]
     project: RemoteArgs,
     /// Where a failed step leaves its name and output tail; removed on success.
-    #[arg(long, default_value = sync::DEFAULT_FAILURE_FILE)]
+    #[arg(long, default_value = shmastra_contract::failure::DEFAULT_FAILURE_FILE)]
     failure_file: PathBuf,
     /// Stops the dev server before the tree changes.
     #[arg(long)]
@@ -163,7 +164,7 @@ struct WatchArgs {
 
 #[derive(Args)]
 struct StatusArgs {
-    #[arg(long, env = "PROJECT_DIR", default_value = ".")]
+    #[arg(long, env = env::PROJECT_DIR, default_value = ".")]
     dir: PathBuf,
     /// Print the status file as it is.
     #[arg(long)]
@@ -432,5 +433,115 @@ fn status(args: StatusArgs) -> ExitCode {
             eprintln!("project-watcher: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The command lines the cloud builds (`shmastra_contract::command`) against this binary's
+    //! own clap definitions: every field arrives where the builder meant it, and the
+    //! builder's defaults are the flags' defaults.
+
+    use super::*;
+    use clap::CommandFactory;
+    use shmastra_contract::{RestoreCommand, SyncCommand};
+
+    fn parse(args: Vec<String>) -> Command {
+        let argv = std::iter::once("project-watcher".to_owned()).chain(args);
+        match Cli::try_parse_from(argv) {
+            Ok(cli) => cli.command,
+            Err(e) => panic!("the watcher refuses the cloud's command line: {e}"),
+        }
+    }
+
+    #[test]
+    fn the_clouds_sync_command_line_means_what_it_says() {
+        let built = SyncCommand {
+            dir: "/home/user/my project".into(),
+            remote: "origin".into(),
+            branch: "trunk".into(),
+            failure_file: "/tmp/sync failure".into(),
+            stop_cmd: Some("pm2 stop dev-server".into()),
+            install_cmd: Some("npm ci --prefer-offline".into()),
+            start_cmd: Some("echo '--dir'".into()),
+        };
+        let Command::Sync(args) = parse(built.args()) else {
+            panic!("not a sync");
+        };
+        assert_eq!(args.project.dir, PathBuf::from(&built.dir));
+        assert_eq!(args.project.remote, built.remote);
+        assert_eq!(args.project.branch, built.branch);
+        assert_eq!(args.failure_file, PathBuf::from(&built.failure_file));
+        assert_eq!(args.stop_cmd, built.stop_cmd);
+        assert_eq!(args.install_cmd, built.install_cmd);
+        assert_eq!(args.start_cmd, built.start_cmd);
+
+        let bare = SyncCommand::new("/p");
+        let Command::Sync(args) = parse(bare.args()) else {
+            panic!("not a sync");
+        };
+        assert_eq!(
+            (args.stop_cmd, args.install_cmd, args.start_cmd),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn the_clouds_restore_command_lines_mean_what_they_say() {
+        let Command::Restore(args) = parse(RestoreCommand::new("/p").args()) else {
+            panic!("not a restore");
+        };
+        assert_eq!(args.project.dir, PathBuf::from("/p"));
+        assert_eq!(args.at, None);
+        assert!(!args.json);
+
+        let paths = vec!["src/a b.ts".to_owned(), "docs".to_owned()];
+        let at = RestoreCommand::new("/p").at("2h", &paths);
+        let Command::Restore(args) = parse(at.args()) else {
+            panic!("not a restore");
+        };
+        assert_eq!(args.at.as_deref(), Some("2h"));
+        assert_eq!(
+            args.paths,
+            paths.iter().map(PathBuf::from).collect::<Vec<_>>()
+        );
+        assert!(args.json);
+    }
+
+    #[test]
+    fn the_builders_defaults_and_env_names_are_the_flags() {
+        let cli = Cli::command();
+        let arg = |sub: &str, id: &str| {
+            cli.find_subcommand(sub)
+                .and_then(|s| s.get_arguments().find(|a| a.get_id() == id))
+                .unwrap_or_else(|| panic!("{sub} has no --{id}"))
+                .clone()
+        };
+        let default = |sub: &str, id: &str| {
+            arg(sub, id)
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        let env_of = |sub: &str, id: &str| {
+            arg(sub, id)
+                .get_env()
+                .map(|e| e.to_string_lossy().into_owned())
+        };
+        let sync = SyncCommand::new("/p");
+        let restore = RestoreCommand::new("/p");
+        for sub in ["sync", "restore", "watch", "once"] {
+            assert_eq!(default(sub, "remote"), [sync.remote.as_str()], "{sub}");
+            assert_eq!(default(sub, "branch"), [sync.branch.as_str()], "{sub}");
+            assert_eq!(env_of(sub, "dir").as_deref(), Some(env::PROJECT_DIR));
+            assert_eq!(env_of(sub, "remote").as_deref(), Some(env::PROJECT_REMOTE));
+            assert_eq!(env_of(sub, "branch").as_deref(), Some(env::PROJECT_BRANCH));
+        }
+        assert_eq!((restore.remote, restore.branch), (sync.remote, sync.branch));
+        assert_eq!(
+            default("sync", "failure_file"),
+            [sync.failure_file.as_str()]
+        );
     }
 }

@@ -7,8 +7,11 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
-/// The manifest's file name, at the project root.
-pub const MANIFEST_FILE: &str = "shmastra.json";
+use shmastra_contract::manifest::{
+    MANIFEST_FILE, Manifest, ManifestError, is_env_file_name, validate_name,
+};
+
+use crate::filter::ENV_FILE;
 
 /// The names in a `.env` text, sorted and unique, read as `dotenvy` reads them, and how many
 /// entries could not be parsed (skipped; their text is never reported since it may hold a
@@ -32,29 +35,32 @@ pub fn env_names(text: &[u8]) -> (Vec<String>, usize) {
     (names, malformed)
 }
 
-/// The manifest text for these names: 2-space indented JSON with one trailing newline.
-pub fn render(names: &[String]) -> String {
-    render_with_files(names, &BTreeMap::new())
-}
-
-/// [`render`] with the names of the other env files; `env_files` is left out when empty, so a
-/// project without such a file keeps the manifest it always had.
-pub fn render_with_files(names: &[String], env_files: &BTreeMap<String, Vec<String>>) -> String {
-    #[derive(serde::Serialize)]
-    struct Manifest<'a> {
-        version: u32,
-        env: &'a [String],
-        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-        env_files: &'a BTreeMap<String, Vec<String>>,
-    }
-    let body = Manifest {
-        version: 1,
-        env: names,
-        env_files,
+/// The manifest for these names. A name the cloud could not ask for (longer than
+/// [`MAX_NAME_LEN`](shmastra_contract::manifest::MAX_NAME_LEN); dotenvy reads no other
+/// invalid name) is left out with a warning, so the manifest stays one the cloud accepts.
+/// Fails only when the names are too many for any manifest.
+pub fn manifest_for(
+    names: &[String],
+    env_files: &BTreeMap<String, Vec<String>>,
+) -> Result<Manifest, ManifestError> {
+    let valid = |file: &str, names: &[String]| -> Vec<String> {
+        names
+            .iter()
+            .filter(|name| match validate_name(name) {
+                Ok(()) => true,
+                Err(reason) => {
+                    tracing::warn!(file, name = %name, reason, "left out of {MANIFEST_FILE}: restore cannot ask for it");
+                    false
+                }
+            })
+            .cloned()
+            .collect()
     };
-    let mut text = serde_json::to_string_pretty(&body).expect("names always serialise");
-    text.push('\n');
-    text
+    let mut manifest = Manifest::new(valid(ENV_FILE, names))?;
+    for (file, names) in env_files {
+        manifest = manifest.with_env_file(file, valid(file, names))?;
+    }
+    Ok(manifest)
 }
 
 /// Brings `workdir/shmastra.json` in line with `workdir/.env`, writing it (atomically) only
@@ -76,18 +82,20 @@ pub fn sync(workdir: &Path) -> io::Result<bool> {
         }
         Ok(names)
     };
-    let names = names_in(crate::filter::ENV_FILE)?;
+    let names = names_in(ENV_FILE)?;
     let mut env_files = BTreeMap::new();
     for entry in fs::read_dir(workdir)?.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
             continue;
         };
         let is_file = fs::metadata(entry.path()).is_ok_and(|m| m.is_file());
-        if name != crate::filter::ENV_FILE && is_file && crate::filter::is_env_file_name(&name) {
+        if name != ENV_FILE && is_file && is_env_file_name(&name) {
             env_files.insert(name.clone(), names_in(&name)?);
         }
     }
-    let wanted = render_with_files(&names, &env_files);
+    let wanted = manifest_for(&names, &env_files)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+        .to_json();
     let path = workdir.join(MANIFEST_FILE);
     if fs::read(&path).is_ok_and(|current| current == wanted.as_bytes()) {
         return Ok(false);
@@ -127,12 +135,18 @@ mod tests {
     }
 
     #[test]
-    fn render_is_stable() {
-        assert_eq!(render(&[]), "{\n  \"version\": 1,\n  \"env\": []\n}\n");
-        assert_eq!(
-            render(&["A".into(), "B".into()]),
-            "{\n  \"version\": 1,\n  \"env\": [\n    \"A\",\n    \"B\"\n  ]\n}\n"
-        );
+    fn names_the_cloud_cannot_ask_for_are_left_out() {
+        let long = "A".repeat(257);
+        let manifest = manifest_for(&["B".into(), long.clone()], &BTreeMap::new()).unwrap();
+        assert_eq!(manifest.env(), ["B"]);
+        let too_many: Vec<String> = (0..1001).map(|i| format!("K{i}")).collect();
+        let err = manifest_for(&too_many, &BTreeMap::new()).unwrap_err();
+        assert!(err.to_string().contains("1001 variables"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(".env"), format!("{long}=x\nOK=1\n")).unwrap();
+        assert!(sync(dir.path()).unwrap());
+        let written = Manifest::read(&dir.path().join(MANIFEST_FILE)).unwrap();
+        assert_eq!(written.env(), ["OK"]);
     }
 
     #[test]

@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
-/// The env var holding the basic-auth password. Never a flag: flags show up in `ps`.
-pub const TOKEN_ENV: &str = "PROJECT_TOKEN";
+use shmastra_contract::env::PROJECT_TOKEN;
 
-/// A repository's remote branch. `token` is the basic-auth password, from [`TOKEN_ENV`].
+/// A repository's remote branch. `token` is the basic-auth password, from [`PROJECT_TOKEN`]
+/// (never a flag: flags show up in `ps`).
 #[derive(Clone)]
 pub struct RemoteSettings {
     pub workdir: PathBuf,
@@ -28,5 +28,5 @@ impl std::fmt::Debug for RemoteSettings {
 
 /// The token from the environment; an empty value counts as none.
 pub fn token_from_env() -> Option<String> {
-    std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty())
+    std::env::var(PROJECT_TOKEN).ok().filter(|t| !t.is_empty())
 }

@@ -233,8 +233,8 @@ pub fn exclude_env_files(git_dir: &Path) -> Result<(), RestoreError> {
     writeln!(file, "{separator}{}", missing.join("\n")).map_err(exclude_err)
 }
 
-/// The env files the watcher never saves (`filter::is_env_file_name`), as ignore rules, so a
-/// restore's clean keeps them too.
+/// The env files the watcher never saves (`shmastra_contract::manifest::is_env_file_name`),
+/// as ignore rules, so a restore's clean keeps them too.
 const ENV_EXCLUDES: &[&str] = &[
     ".env",
     ".env.*",

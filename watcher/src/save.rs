@@ -14,6 +14,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use git2::Repository;
+use shmastra_contract::MANIFEST_FILE;
 use tokio::sync::{Notify, oneshot};
 
 use crate::changes::Changes;
@@ -144,10 +145,10 @@ impl Saver {
         if changes.env_changed {
             match manifest::sync(&self.workdir) {
                 Ok(true) => {
-                    changes.paths.insert(PathBuf::from(manifest::MANIFEST_FILE));
+                    changes.paths.insert(PathBuf::from(MANIFEST_FILE));
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!("cannot update {}: {e}", manifest::MANIFEST_FILE),
+                Err(e) => tracing::warn!("cannot update {MANIFEST_FILE}: {e}"),
             }
         }
         let staged = self.stager.stage(&self.repo, &changes);

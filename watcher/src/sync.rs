@@ -14,19 +14,16 @@ use std::process::{Command, Stdio};
 use std::time::SystemTime;
 
 use git2::{IndexAddOption, Oid, Repository, Signature};
+use shmastra_contract::failure::{SyncFailure, TAIL_LINES};
 
 use crate::lock::RepoLock;
 use crate::remote::RemoteSettings;
 use crate::restore::{self, RestoreError, exclude_env_files};
 
-/// How many lines of a failed step's output the failure file keeps.
-pub const FAILURE_TAIL_LINES: usize = 50;
 /// How many backup refs are kept; older ones are deleted.
 pub const BACKUPS_KEPT: usize = 20;
 /// Where the backups live. Each ref's last component is a UTC timestamp.
 pub const BACKUP_REF_PREFIX: &str = "refs/project-watcher/backup/";
-/// The failure file the cloud reads when no other is configured.
-pub const DEFAULT_FAILURE_FILE: &str = "/tmp/shmastra-sync-failure";
 
 /// Files whose change means the installed dependencies may be stale, wherever they sit.
 const DEPENDENCY_FILES: &[&str] = &[
@@ -112,14 +109,9 @@ impl SyncError {
         }
     }
 
-    /// The failure file's content: the step, the message, then the output tail.
-    pub fn report(&self) -> String {
-        let mut out = format!("step: {}\nerror: {}\n", self.step, self.message);
-        for line in &self.output_tail {
-            out.push_str(line);
-            out.push('\n');
-        }
-        out
+    /// What the failure file holds: the step, the message, the output tail.
+    pub fn failure(&self) -> SyncFailure {
+        SyncFailure::new(self.step.name(), &self.message).with_tail(&self.output_tail)
     }
 }
 
@@ -142,7 +134,7 @@ pub fn sync(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
     let result = run_steps(settings);
     let recorded = match &result {
         Ok(_) => remove_failure_file(&settings.failure_file),
-        Err(err) => write_failure_file(&settings.failure_file, &err.report()),
+        Err(err) => write_failure_file(&settings.failure_file, &err.failure().render()),
     };
     if let Err(e) = recorded {
         tracing::warn!(path = %settings.failure_file.display(), error = %e, "cannot update the sync failure file");
@@ -409,19 +401,19 @@ fn run_command(step: Step, cmd: &str, workdir: &Path) -> Result<(), SyncError> {
         .arg("-c")
         .arg(cmd)
         .current_dir(workdir)
-        .env_remove("PROJECT_TOKEN")
+        .env_remove(shmastra_contract::env::PROJECT_TOKEN)
         .stdin(Stdio::null())
         .stdout(writer.try_clone().map_err(spawn_err)?)
         .stderr(writer)
         .spawn()
         .map_err(spawn_err)?;
-    let mut tail = VecDeque::with_capacity(FAILURE_TAIL_LINES);
+    let mut tail = VecDeque::with_capacity(TAIL_LINES);
     let mut stderr = io::stderr().lock();
     for line in BufReader::new(reader).split(b'\n') {
         let Ok(line) = line else { break };
         let _ = stderr.write_all(&line);
         let _ = stderr.write_all(b"\n");
-        if tail.len() == FAILURE_TAIL_LINES {
+        if tail.len() == TAIL_LINES {
             tail.pop_front();
         }
         tail.push_back(String::from_utf8_lossy(&line).into_owned());
@@ -604,7 +596,8 @@ mod tests {
         assert_eq!(lines[0], "step: install");
         assert!(lines[1].starts_with("error: `echo install"), "{}", lines[1]);
         assert!(lines[1].contains("exit status: 3"), "{}", lines[1]);
-        assert_eq!(lines.len(), 2 + FAILURE_TAIL_LINES, "{report}");
+        assert_eq!(lines.len(), 2 + TAIL_LINES, "{report}");
+        assert_eq!(SyncFailure::parse(report.as_bytes()), err.failure());
         assert_eq!(lines[2], "line 32");
         assert_eq!(lines.last(), Some(&"npm ERR! boom"));
         assert_eq!(

@@ -22,12 +22,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
+use shmastra_contract::MANIFEST_FILE;
+use shmastra_contract::manifest::is_env_file_name;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::changes::Changes;
 use crate::filter::{ENV_FILE, Filter, RulesFile};
-use crate::manifest::MANIFEST_FILE;
 use crate::scan;
 
 /// How often directories that could not be watched are scanned instead.
@@ -351,9 +352,7 @@ impl TreeWatcher {
             }
             return;
         }
-        if rel.parent() == Some(Path::new(""))
-            && rel.to_str().is_some_and(crate::filter::is_env_file_name)
-        {
+        if rel.parent() == Some(Path::new("")) && rel.to_str().is_some_and(is_env_file_name) {
             changes.env_changed = true;
             if rel == Path::new(ENV_FILE) {
                 self.watch_rule_files();

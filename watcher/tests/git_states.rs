@@ -17,7 +17,10 @@ fn check(name: &str, setup: impl Fn(&Repo)) -> (Repo, Daemon) {
     let repo = Repo::new();
     repo.write("base.txt", "base");
     // What the watcher writes before its first pass, so that git's answer includes it.
-    repo.write("shmastra.json", &project_watcher::manifest::render(&[]));
+    repo.write(
+        "shmastra.json",
+        &shmastra_contract::Manifest::default().to_json(),
+    );
     setup(&repo);
     let expected = repo.add_all_tree();
     let daemon = Daemon::start(&repo, repo.config());

@@ -157,6 +157,13 @@ fn sync_with_a_failing_install_exits_1_and_leaves_the_output_tail() {
     let failure = fs::read_to_string(s.failure_file()).unwrap();
     assert!(failure.starts_with("step: install\n"), "{failure}");
     assert!(failure.contains("npm ERR! code E404"), "{failure}");
+    let parsed = shmastra_contract::SyncFailure::parse(failure.as_bytes());
+    assert_eq!(parsed.step, "install");
+    assert!(
+        parsed.message.contains("echo 'npm ERR! code E404'; exit 1"),
+        "{parsed:?}"
+    );
+    assert_eq!(parsed.tail, "npm ERR! code E404");
     assert!(!s.sandbox.join("started").exists());
 }
 

@@ -64,6 +64,7 @@ impl Coalescer {
     }
 
     /// Whether a sync for `key` is running now.
+    #[cfg(test)]
     pub fn is_running(&self, key: &str) -> bool {
         self.lock().contains_key(key)
     }

@@ -4,16 +4,15 @@
 //! `restore --at` in the sandbox, with the status showing it, and reports what it did.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+use shmastra_contract::{RestoreCommand, SyncFailure};
 
 use super::{
     OrchestrateError, Orchestrator, ProjectHost, SandboxStatus, StatusSink, exit_text, tail,
 };
 use crate::UserId;
 use crate::gitlab::{GitLab, GitLabError};
-use crate::proxy::embedded::EmbeddedUpstream;
 use crate::sandbox::{Exec, Sandbox};
 
 /// What made a save, read from the watcher's commit trailers (`Saved-by:
@@ -58,7 +57,8 @@ pub enum HistoryError {
     BadTime(String),
 }
 
-/// Where saves are read from: implemented by [`GitLab`] and [`EmbeddedUpstream`].
+/// Where saves are read from: implemented by [`GitLab`] and by the embedded upstream
+/// (`proxy/embedded.rs`).
 pub trait SaveHistory: Send + Sync {
     /// The newest `limit` commits of `user`'s project, newest first: `(id, ISO 8601 time,
     /// message)`.
@@ -79,61 +79,6 @@ impl SaveHistory for GitLab {
             .await?
             .into_iter()
             .map(|c| (c.id, c.committed_date, c.message))
-            .collect())
-    }
-}
-
-impl SaveHistory for EmbeddedUpstream {
-    async fn recent_commits(
-        &self,
-        user: &UserId,
-        limit: usize,
-    ) -> Result<Vec<(String, String, String)>, HistoryError> {
-        let dir = self.repo_dir(user);
-        if !dir.join("HEAD").exists() {
-            return Ok(Vec::new());
-        }
-        let failed = |reason: String| HistoryError::Embedded {
-            user: user.clone(),
-            reason,
-        };
-        let out = tokio::process::Command::new("git")
-            .arg("--git-dir")
-            .arg(&dir)
-            .args([
-                "log",
-                "--branches",
-                "--date-order",
-                &format!("--max-count={limit}"),
-                "--format=%H%x00%cI%x00%B%x1e",
-                "--",
-            ])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
-            .await
-            .map_err(|e| failed(format!("cannot run git: {e}")))?;
-        // A repository without any branch yet lists nothing and succeeds.
-        if !out.status.success() {
-            return Err(failed(
-                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            ));
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        Ok(text
-            .split('\x1e')
-            .map(|record| record.trim_start_matches('\n'))
-            .filter(|record| !record.is_empty())
-            .filter_map(|record| {
-                let mut fields = record.splitn(3, '\0');
-                Some((
-                    fields.next()?.to_owned(),
-                    fields.next()?.to_owned(),
-                    fields.next()?.to_owned(),
-                ))
-            })
             .collect())
     }
 }
@@ -209,31 +154,19 @@ impl<H: ProjectHost> Orchestrator<H> {
             return Err(RestoreToError::Off);
         }
         status.set_status(sandbox.id(), SandboxStatus::Restoring);
-        let mut command =
-            "\"$WATCHER\" restore --dir \"$PROJECT_DIR\" --json --at \"$REV\"".to_owned();
-        let mut exec = Exec::new("", self.layout.sync_timeout)
-            .env("WATCHER", self.layout.watcher_bin.clone())
-            .env(
-                "PROJECT_DIR",
-                sandbox
-                    .home()
-                    .join(&self.layout.project_dir)
-                    .display()
-                    .to_string(),
-            )
-            .env("REV", rev);
-        for (i, path) in paths.iter().enumerate() {
-            command.push_str(&format!(" --path \"$RESTORE_PATH_{i}\""));
-            exec = exec.env(&format!("RESTORE_PATH_{i}"), path.clone());
-        }
-        exec.command = command;
+        let dir = sandbox.home().join(&self.layout.project_dir);
+        let command = RestoreCommand::new(dir.display().to_string()).at(rev, paths);
+        let exec = Exec::new(
+            command.shell(&self.layout.watcher_bin),
+            self.layout.sync_timeout,
+        );
         let out = match self.in_project(sandbox, exec).await {
             Ok(out) => out,
             Err(e) => {
                 status.set_status(
                     sandbox.id(),
                     SandboxStatus::Broken {
-                        failure: format!("step: restore\nerror: {e}\n"),
+                        failure: SyncFailure::new("restore", e.to_string()),
                     },
                 );
                 return Err(e.into());
@@ -257,11 +190,14 @@ impl<H: ProjectHost> Orchestrator<H> {
                 })
             }
             _ => {
-                let failure = format!(
-                    "step: restore\nerror: project-watcher restore --at exited with {}\n{}",
-                    exit_text(&out),
-                    tail(&out)
-                );
+                let failure = SyncFailure {
+                    step: "restore".to_owned(),
+                    message: format!(
+                        "project-watcher restore --at exited with {}",
+                        exit_text(&out)
+                    ),
+                    tail: tail(&out),
+                };
                 status.set_status(sandbox.id(), SandboxStatus::Broken { failure });
                 Err(OrchestrateError::Command {
                     sandbox: sandbox.id().to_owned(),
@@ -338,20 +274,89 @@ fn utc(text: &str) -> Option<String> {
         let minutes: i64 = tz.get(4..6)?.parse().ok()?;
         (local, sign * (hours * 3600 + minutes * 60))
     };
-    let seconds_part = local.split('.').next()?;
-    let parsed = humantime::parse_rfc3339(&format!("{seconds_part}Z")).ok()?;
-    let shift = Duration::from_secs(offset_secs.unsigned_abs());
-    let at: SystemTime = if offset_secs >= 0 {
-        parsed.checked_sub(shift)?
-    } else {
-        parsed.checked_add(shift)?
+    let at = local.split('.').next()?;
+    let b = at.as_bytes();
+    if b.len() != 19
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return None;
+    }
+    let num = |range: std::ops::Range<usize>| -> Option<i64> {
+        let digits = at.get(range)?;
+        digits.bytes().all(|c| c.is_ascii_digit()).then_some(())?;
+        digits.parse().ok()
     };
-    Some(humantime::format_rfc3339_seconds(at).to_string())
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=days_in_month(year, month)).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
+        - offset_secs;
+    let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+    if !(1970..=9999).contains(&year) {
+        return None;
+    }
+    let of_day = seconds.rem_euclid(86_400);
+    Some(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60
+    ))
+}
+
+fn days_in_month(year: i64, month: i64) -> i64 {
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// The inverse of [`days_from_civil`].
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let days = days + 719_468;
+    let era = days.div_euclid(146_097);
+    let day_of_era = days - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    (year_of_era + era * 400 + i64::from(month <= 2), month, day)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, SystemTime};
 
     #[test]
     fn times_become_utc() {
@@ -367,6 +372,37 @@ mod tests {
         check("2026-11-30T08:35:12-04:30", Some("2026-11-30T13:05:12Z"));
         check("yesterday", None);
         check("2026-11-30T14:05:12", None);
+        check("2024-02-29T23:30:00-01:00", Some("2024-03-01T00:30:00Z"));
+        check("2023-02-29T00:00:00Z", None);
+        check("2026-13-01T00:00:00Z", None);
+        check("2026-11-30T24:00:00Z", None);
+        check("2026-11-3XT00:00:00Z", None);
+    }
+
+    proptest::proptest! {
+        /// humantime (a dev-dependency here) is the oracle: any instant, written with any
+        /// offset, comes back as humantime writes it in UTC.
+        #[test]
+        fn any_time_with_any_offset_becomes_humantimes_utc(
+            at in 86_400u64..253_402_200_000,
+            offset_minutes in -(23i64 * 60 + 59)..=(23 * 60 + 59),
+            fraction in proptest::option::of("[0-9]{1,9}"),
+        ) {
+            let instant = SystemTime::UNIX_EPOCH + Duration::from_secs(at);
+            let expected = humantime::format_rfc3339_seconds(instant).to_string();
+            let local = SystemTime::UNIX_EPOCH
+                + Duration::from_secs(at.checked_add_signed(offset_minutes * 60).unwrap());
+            let local = humantime::format_rfc3339_seconds(local).to_string();
+            let sign = if offset_minutes < 0 { '-' } else { '+' };
+            let text = format!(
+                "{}{}{sign}{:02}:{:02}",
+                local.trim_end_matches('Z'),
+                fraction.map(|f| format!(".{f}")).unwrap_or_default(),
+                offset_minutes.abs() / 60,
+                offset_minutes.abs() % 60
+            );
+            proptest::prop_assert_eq!(utc(&text), Some(expected), "{}", text);
+        }
     }
 
     #[test]

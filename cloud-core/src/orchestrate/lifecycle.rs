@@ -11,6 +11,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use shmastra_contract::SyncFailure;
 use tokio::time::Instant;
 
 use super::recovery::{RecoveryBudget, RecoveryPolicy};
@@ -166,7 +167,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
             self.status.set_status(
                 user.as_str(),
                 SandboxStatus::Broken {
-                    failure: format!("step: retry after recovery\nerror: {e}\n"),
+                    failure: SyncFailure::new("retry after recovery", e.to_string()),
                 },
             );
         }
@@ -275,7 +276,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
                 self.status.set_status(
                     user.as_str(),
                     SandboxStatus::Broken {
-                        failure: format!("step: {}\nerror: {e}\n", step_name(step)),
+                        failure: SyncFailure::new(step_name(step), e.to_string()),
                     },
                 );
             }
@@ -695,7 +696,7 @@ mod tests {
         assert_eq!(world.count("create"), 3, "one sandbox per recovery");
         let mut first = started();
         first.push(SandboxStatus::Broken {
-            failure: "step: retry after recovery\nerror: sandbox alice is gone\n".into(),
+            failure: SyncFailure::new("retry after recovery", "sandbox alice is gone"),
         });
         assert_eq!(statuses.all()[..5], first);
         // Each of the first three found the sandbox gone, recovered, and lost it again on its
@@ -850,7 +851,7 @@ mod tests {
                 // Re-provisioning: stop a running watcher, restore, start the watcher.
                 "exec pm2 pid project-watcher | grep -q '^[1-9]'",
                 "exec pm2 stop project-watcher",
-                "exec \"$WATCHER\" restore --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\"",
+                "exec project-watcher restore --dir /home/user/shmastra --remote project --branch main",
                 "exec pm2 start /home/user/ecosystem.config.js --only project-watcher",
                 "exec pm2 stop project-watcher",
                 "update 2 in sandbox 1",

@@ -14,24 +14,22 @@ pub mod recovery;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use shmastra_contract::env::{self, DEFAULT_BRANCH, DEFAULT_REMOTE};
+use shmastra_contract::failure::DEFAULT_FAILURE_FILE;
+use shmastra_contract::manifest::{MANIFEST_FILE, Manifest, ManifestError};
+use shmastra_contract::{RestoreCommand, SyncCommand, SyncFailure};
 
 use crate::UserId;
 use crate::gitlab::{GitLab, GitLabError};
-use crate::manifest::{MANIFEST_FILE, Manifest, ManifestError};
-use crate::proxy::embedded::EmbeddedUpstream;
 use crate::sandbox::{Exec, ExecOutput, Sandbox, SandboxError};
 use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env, render_env_file};
 use crate::token::TokenSigner;
 use coalesce::{Coalescer, Triggered};
 
-/// The name of the git remote the watcher pushes to.
-pub const REMOTE: &str = "project";
-/// The branch that holds the user's project.
-pub const BRANCH: &str = "main";
 /// How many lines of a failed command's output an error carries.
 const TAIL_LINES: usize = 50;
 
@@ -77,7 +75,7 @@ impl SandboxLayout {
             start_dev_server: "pm2 start /home/user/ecosystem.config.js --only dev-server".into(),
             stop_dev_server: "pm2 stop dev-server".into(),
             install_cmd: None,
-            failure_file: "/tmp/shmastra-sync-failure".into(),
+            failure_file: DEFAULT_FAILURE_FILE.into(),
             command_timeout: Duration::from_secs(60),
             sync_timeout: Duration::from_secs(15 * 60),
         }
@@ -85,7 +83,8 @@ impl SandboxLayout {
 }
 
 /// Where user projects are created: GitLab in production, the embedded upstream on one
-/// machine.
+/// machine (which implements this beside its proxy code: orchestration never imports the
+/// proxy).
 pub trait ProjectHost: Send + Sync {
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -105,20 +104,6 @@ impl ProjectHost for GitLab {
 
     fn is_transient(error: &GitLabError) -> bool {
         error.is_transient()
-    }
-}
-
-impl ProjectHost for EmbeddedUpstream {
-    type Error = std::convert::Infallible;
-
-    /// Nothing to do ahead of time: the embedded upstream creates a user's repository on the
-    /// first request for it, which `restore` or the watcher's first push makes.
-    async fn ensure_project(&self, _user: &UserId) -> Result<(), Self::Error> {
-        Ok(())
-    }
-
-    fn is_transient(error: &Self::Error) -> bool {
-        match *error {}
     }
 }
 
@@ -161,7 +146,7 @@ pub enum OrchestrateError {
     /// Recovery gave up: the user's sandbox was lost again and again. Someone has to look.
     #[error(
         "the sandbox of user {user} was lost and re-created {count} times within {}; recovery stopped, it needs attention",
-        humantime::format_duration(*window)
+        short_duration(*window)
     )]
     NeedsAttention {
         user: UserId,
@@ -209,7 +194,8 @@ impl Provisioned {
     }
 }
 
-/// A sandbox's state as the workspace page shows it; stored as JSON tagged by `state`.
+/// A sandbox's state as the workspace page shows it. Stored as JSON tagged by `state`:
+/// `{"state": "broken", "failure": {"step": ..., "message": ..., "tail": ...}}`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum SandboxStatus {
@@ -217,9 +203,9 @@ pub enum SandboxStatus {
     /// Going back to an earlier save ([`Orchestrator::restore_to`]).
     Restoring,
     Ready,
-    /// The sync failed; `failure` is the failure file (step, message, output tail).
+    /// The sync (or a restore) failed: the step, the message and the output tail.
     Broken {
-        failure: String,
+        failure: SyncFailure,
     },
     /// Re-provisioning a lost sandbox, at this step.
     Provisioning {
@@ -343,7 +329,7 @@ impl<H: ProjectHost> Orchestrator<H> {
             self.layout.command_timeout,
         )
         .env("PROJECT_DIR", dir.display().to_string())
-        .env("BRANCH", BRANCH)
+        .env("BRANCH", DEFAULT_BRANCH)
         .cwd("/");
         done.repository_created = self
             .expect_ok(sandbox, "create the repository", init)
@@ -352,7 +338,12 @@ impl<H: ProjectHost> Orchestrator<H> {
             .trim()
             != "exists";
 
-        let env = watcher_env(&dir, &persistence.signer.mint(user));
+        let env = env::watcher_env_file(
+            &dir,
+            DEFAULT_REMOTE,
+            DEFAULT_BRANCH,
+            &persistence.signer.mint(user),
+        );
         let env_file = sandbox.home().join(&self.layout.watcher_env_file);
         let current = sandbox.read_file(&env_file).await?;
         if current.as_deref() != Some(env.as_bytes()) {
@@ -365,7 +356,7 @@ impl<H: ProjectHost> Orchestrator<H> {
             .in_project(
                 sandbox,
                 Exec::new(
-                    format!("git remote get-url {REMOTE}"),
+                    format!("git remote get-url {DEFAULT_REMOTE}"),
                     self.layout.command_timeout,
                 ),
             )
@@ -373,7 +364,7 @@ impl<H: ProjectHost> Orchestrator<H> {
         if !current.success() || current.stdout.trim() != url {
             let verb = if current.success() { "set-url" } else { "add" };
             let set = Exec::new(
-                format!("git remote {verb} {REMOTE} \"$REMOTE_URL\""),
+                format!("git remote {verb} {DEFAULT_REMOTE} \"$REMOTE_URL\""),
                 self.layout.command_timeout,
             )
             .env("REMOTE_URL", url);
@@ -412,14 +403,10 @@ impl<H: ProjectHost> Orchestrator<H> {
         }
         let dir = sandbox.home().join(&self.layout.project_dir);
         let restore = Exec::new(
-            "\"$WATCHER\" restore --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\"",
+            RestoreCommand::new(dir.display().to_string()).shell(&self.layout.watcher_bin),
             self.layout.sync_timeout,
         )
-        .env("WATCHER", self.layout.watcher_bin.clone())
-        .env("PROJECT_DIR", dir.display().to_string())
-        .env("REMOTE", REMOTE)
-        .env("BRANCH", BRANCH)
-        .env("PROJECT_TOKEN", persistence.signer.mint(user));
+        .env(env::PROJECT_TOKEN, persistence.signer.mint(user));
         self.expect_ok(sandbox, "restore the project", restore)
             .await?;
         let manifest = match sandbox.read_file(&dir.join(MANIFEST_FILE)).await? {
@@ -530,7 +517,7 @@ impl<H: ProjectHost> Orchestrator<H> {
                     status.set_status(
                         sandbox.id(),
                         SandboxStatus::Broken {
-                            failure: format!("step: sync\nerror: {gone}\n"),
+                            failure: SyncFailure::new("sync", gone.to_string()),
                         },
                     );
                 }
@@ -574,42 +561,42 @@ impl<H: ProjectHost> Orchestrator<H> {
         status.set_status(sandbox.id(), SandboxStatus::Syncing);
         let layout = &self.layout;
         let failure_file = sandbox.home().join(&layout.failure_file);
-        let mut exec = Exec::new(
-            "\"$WATCHER\" sync --dir \"$PROJECT_DIR\" --remote \"$REMOTE\" --branch \"$BRANCH\" --failure-file \"$FAILURE_FILE\" --stop-cmd \"$STOP_CMD\" --start-cmd \"$START_CMD\"${INSTALL_CMD:+ --install-cmd \"$INSTALL_CMD\"}",
-            layout.sync_timeout,
-        )
-        .env("WATCHER", layout.watcher_bin.clone())
-        .env("PROJECT_DIR", sandbox.home().join(&layout.project_dir).display().to_string())
-        .env("REMOTE", REMOTE)
-        .env("BRANCH", BRANCH)
-        .env("FAILURE_FILE", failure_file.display().to_string())
-        .env("STOP_CMD", layout.stop_dev_server.clone())
-        .env("START_CMD", layout.start_dev_server.clone())
-        .env("PROJECT_TOKEN", persistence.signer.mint(user));
-        if let Some(install) = &layout.install_cmd {
-            exec = exec.env("INSTALL_CMD", install.clone());
-        }
+        let command = SyncCommand {
+            failure_file: failure_file.display().to_string(),
+            stop_cmd: Some(layout.stop_dev_server.clone()),
+            install_cmd: layout.install_cmd.clone(),
+            start_cmd: Some(layout.start_dev_server.clone()),
+            ..SyncCommand::new(
+                sandbox
+                    .home()
+                    .join(&layout.project_dir)
+                    .display()
+                    .to_string(),
+            )
+        };
+        let exec = Exec::new(command.shell(&layout.watcher_bin), layout.sync_timeout)
+            .env(env::PROJECT_TOKEN, persistence.signer.mint(user));
         let next = match self.in_project(sandbox, exec).await {
             Ok(out) if out.success() => SandboxStatus::Ready,
             Ok(out) => {
                 let failure = match sandbox.read_file(&failure_file).await {
-                    Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+                    Ok(Some(bytes)) => SyncFailure::parse(&bytes),
                     Err(e) if e.is_gone() => return Err(e),
-                    _ => format!(
-                        "step: sync\nerror: project-watcher sync exited with {}\n{}",
-                        exit_text(&out),
-                        tail(&out)
-                    ),
+                    _ => SyncFailure {
+                        step: "sync".to_owned(),
+                        message: format!("project-watcher sync exited with {}", exit_text(&out)),
+                        tail: tail(&out),
+                    },
                 };
                 SandboxStatus::Broken { failure }
             }
             Err(OrchestrateError::Sandbox(e)) if e.is_gone() => return Err(e),
             Err(e) => SandboxStatus::Broken {
-                failure: format!("step: sync\nerror: {e}\n"),
+                failure: SyncFailure::new("sync", e.to_string()),
             },
         };
         if let SandboxStatus::Broken { failure } = &next {
-            tracing::warn!(sandbox = sandbox.id(), failure = %failure.lines().take(2).collect::<Vec<_>>().join("; "), "sync failed");
+            tracing::warn!(sandbox = sandbox.id(), step = %failure.step, message = %failure.message, "sync failed");
         }
         status.set_status(sandbox.id(), next);
         Ok(())
@@ -724,12 +711,30 @@ pub enum BackfillOutcome {
     Failed(String),
 }
 
-/// The watcher's environment file: what PM2 passes to `project-watcher watch`.
-fn watcher_env(project_dir: &Path, token: &str) -> String {
-    format!(
-        "PROJECT_DIR={}\nPROJECT_REMOTE={REMOTE}\nPROJECT_BRANCH={BRANCH}\nPROJECT_TOKEN={token}\n",
-        project_dir.display()
-    )
+/// A duration as people write it: `15m`, `1h 30m`, `1s 500ms`, `2days` (whole
+/// milliseconds), as humantime writes it.
+pub(crate) fn short_duration(duration: Duration) -> String {
+    let mut rest = duration.as_millis();
+    let mut parts = Vec::new();
+    for (unit, name) in [
+        (86_400_000, "day"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+        (1, "ms"),
+    ] {
+        if rest >= unit {
+            let n = rest / unit;
+            let plural = if name == "day" && n > 1 { "s" } else { "" };
+            parts.push(format!("{n}{name}{plural}"));
+            rest %= unit;
+        }
+    }
+    if parts.is_empty() {
+        "0s".to_owned()
+    } else {
+        parts.join(" ")
+    }
 }
 
 fn exit_text(out: &ExecOutput) -> String {
@@ -748,4 +753,56 @@ fn tail(out: &ExecOutput) -> String {
     };
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        for (duration, text) in [
+            (Duration::ZERO, "0s"),
+            (Duration::from_secs(15 * 60), "15m"),
+            (Duration::from_secs(5400), "1h 30m"),
+            (Duration::from_millis(1500), "1s 500ms"),
+            (Duration::from_secs(2 * 86_400 + 1), "2days 1s"),
+            (Duration::from_secs(86_400), "1day"),
+        ] {
+            assert_eq!(short_duration(duration), text);
+            assert_eq!(
+                short_duration(duration),
+                humantime::format_duration(duration).to_string()
+            );
+        }
+    }
+
+    #[test]
+    fn statuses_round_trip_through_json() {
+        for status in [
+            SandboxStatus::Ready,
+            SandboxStatus::Broken {
+                failure: SyncFailure::new("install", "`npm ci` failed").with_tail(["npm ERR!"]),
+            },
+            SandboxStatus::Provisioning {
+                step: ProvisionStep::Restoring,
+            },
+            SandboxStatus::NeedsSecrets {
+                names: vec!["API_KEY".into()],
+            },
+        ] {
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(
+                serde_json::from_str::<SandboxStatus>(&json).unwrap(),
+                status
+            );
+        }
+        assert_eq!(
+            serde_json::to_value(SandboxStatus::Provisioning {
+                step: ProvisionStep::Creating
+            })
+            .unwrap(),
+            serde_json::json!({"state": "provisioning", "step": "creating"})
+        );
+    }
 }

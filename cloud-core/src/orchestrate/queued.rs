@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use shmastra_contract::SyncFailure;
+
 use super::coalesce::Triggered;
 use super::{Orchestrator, ProjectHost, SandboxStatus, StatusSink};
 use crate::proxy::ExternalPush;
@@ -38,7 +40,7 @@ impl<H: ProjectHost> Orchestrator<H> {
                     status.set_status(
                         sandbox.id(),
                         SandboxStatus::Broken {
-                            failure: format!("step: sync\nerror: {gone}\n"),
+                            failure: SyncFailure::new("sync", gone.to_string()),
                         },
                     );
                 }

@@ -19,6 +19,8 @@ use tokio::sync::Mutex;
 use super::upstream::{Upstream, UpstreamError, UpstreamRequest};
 use crate::UserId;
 use crate::http_backend::{self, Children};
+use crate::orchestrate::ProjectHost;
+use crate::orchestrate::history::{HistoryError, SaveHistory};
 
 /// The hook that protects history, run by `git receive-pack` once per ref.
 const UPDATE_HOOK: &str = r#"#!/bin/sh
@@ -88,13 +90,13 @@ impl EmbeddedUpstream {
     }
 
     /// The `git http-backend` children running now; the server ends them when it stops.
-    pub fn children(&self) -> Children {
+    pub(crate) fn children(&self) -> Children {
         self.children.clone()
     }
 
     /// Where `user`'s bare repository lives. `UserId` is a safe path component, so this never
     /// leaves `root`.
-    pub fn repo_dir(&self, user: &UserId) -> PathBuf {
+    pub(crate) fn repo_dir(&self, user: &UserId) -> PathBuf {
         self.root.join(format!("{user}.git"))
     }
 
@@ -173,5 +175,74 @@ impl Upstream for EmbeddedUpstream {
             .await;
             Ok(response.map(Body::new))
         })
+    }
+}
+
+impl ProjectHost for EmbeddedUpstream {
+    type Error = std::convert::Infallible;
+
+    /// Nothing to do ahead of time: the embedded upstream creates a user's repository on the
+    /// first request for it, which `restore` or the watcher's first push makes.
+    async fn ensure_project(&self, _user: &UserId) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn is_transient(error: &Self::Error) -> bool {
+        match *error {}
+    }
+}
+
+impl SaveHistory for EmbeddedUpstream {
+    async fn recent_commits(
+        &self,
+        user: &UserId,
+        limit: usize,
+    ) -> Result<Vec<(String, String, String)>, HistoryError> {
+        let dir = self.repo_dir(user);
+        if !dir.join("HEAD").exists() {
+            return Ok(Vec::new());
+        }
+        let failed = |reason: String| HistoryError::Embedded {
+            user: user.clone(),
+            reason,
+        };
+        let out = tokio::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(&dir)
+            .args([
+                "log",
+                "--branches",
+                "--date-order",
+                &format!("--max-count={limit}"),
+                "--format=%H%x00%cI%x00%B%x1e",
+                "--",
+            ])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+            .await
+            .map_err(|e| failed(format!("cannot run git: {e}")))?;
+        // A repository without any branch yet lists nothing and succeeds.
+        if !out.status.success() {
+            return Err(failed(
+                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            ));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(text
+            .split('\x1e')
+            .map(|record| record.trim_start_matches('\n'))
+            .filter(|record| !record.is_empty())
+            .filter_map(|record| {
+                let mut fields = record.splitn(3, '\0');
+                Some((
+                    fields.next()?.to_owned(),
+                    fields.next()?.to_owned(),
+                    fields.next()?.to_owned(),
+                ))
+            })
+            .collect())
     }
 }

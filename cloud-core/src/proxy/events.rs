@@ -37,12 +37,12 @@ pub struct RecentPushes {
 
 impl RecentPushes {
     /// Also remembers pushes in `store` (the first store attached stays).
-    pub fn attach_store(&self, store: Arc<dyn Store>) {
+    pub(crate) fn attach_store(&self, store: Arc<dyn Store>) {
         let _ = self.store.set(store);
     }
 
     /// Remembers `push` here at once and, in the background, in the attached store.
-    pub fn record(&self, push: ExternalPush) {
+    pub(crate) fn record(&self, push: ExternalPush) {
         if let Some(store) = self.store.get() {
             let (store, push) = (store.clone(), push.clone());
             tokio::spawn(async move {
@@ -60,7 +60,7 @@ impl RecentPushes {
     }
 
     /// Whether this process or, with a store attached, any replica saw `push`.
-    pub async fn seen_anywhere(&self, push: &ExternalPush) -> bool {
+    pub(crate) async fn seen_anywhere(&self, push: &ExternalPush) -> bool {
         if self.contains(push) {
             return true;
         }
@@ -73,7 +73,7 @@ impl RecentPushes {
         }
     }
 
-    pub fn contains(&self, push: &ExternalPush) -> bool {
+    pub(crate) fn contains(&self, push: &ExternalPush) -> bool {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.get(&push.user).is_some_and(|mine| {
             mine.iter()

@@ -2,16 +2,16 @@
 //! token owner's upstream repository with the service credentials, and reports external pushes.
 //!
 //! Mount [`Proxy::router`] with `Router::nest("/api/git", ...)`. Every request passes, in
-//! order: [`route::classify`] (404), the token (401, answered here), the path's repository
+//! order: `route::classify` (404), the token (401, answered here), the path's repository
 //! name agreeing with the token (403), the size limit (413); only then is the upstream called.
 
-pub mod embedded;
-pub mod events;
-pub mod headers;
-pub mod push_watch;
-pub mod route;
-pub mod stream;
-pub mod upstream;
+pub(crate) mod embedded;
+pub(crate) mod events;
+pub(crate) mod headers;
+pub(crate) mod push_watch;
+pub(crate) mod route;
+pub(crate) mod stream;
+pub(crate) mod upstream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,7 +76,7 @@ impl std::fmt::Display for ClientAddr {
 }
 
 /// The client address of `request` for log lines, `-` when the server did not record it.
-pub fn client_of<B>(request: &http::Request<B>) -> String {
+pub(crate) fn client_of<B>(request: &http::Request<B>) -> String {
     request
         .extensions()
         .get::<ClientAddr>()

@@ -15,6 +15,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use subtle::ConstantTimeEq;
 
 use crate::UserId;
+use crate::orchestrate::short_duration;
 use crate::token::TokenSigner;
 
 const LINK_DOMAIN: &[u8] = b"shmastra-login-link-v1\0";
@@ -41,7 +42,7 @@ pub enum LinkError {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a sign-in link lives at most {} (asked for {})", humantime::format_duration(MAX_LINK_TTL), humantime::format_duration(*asked))]
+#[error("a sign-in link lives at most {} (asked for {})", short_duration(MAX_LINK_TTL), short_duration(*asked))]
 pub struct TtlTooLong {
     pub asked: Duration,
 }
@@ -132,7 +133,7 @@ impl SignIn {
         Self { signer }
     }
 
-    /// A one-time sign-in value for `user`, valid for `ttl` (at most [`MAX_LINK_TTL`]).
+    /// A one-time sign-in value for `user`, valid for `ttl` (at most `MAX_LINK_TTL`, a day).
     pub fn link(&self, user: &UserId, ttl: Duration) -> Result<String, TtlTooLong> {
         if ttl > MAX_LINK_TTL {
             return Err(TtlTooLong { asked: ttl });
@@ -149,7 +150,7 @@ impl SignIn {
     }
 
     /// Checks a link and spends its nonce: a second use is [`LinkError::Used`].
-    pub fn redeem(&self, link: &str, used: &UsedNonces) -> Result<UserId, LinkError> {
+    pub(crate) fn redeem(&self, link: &str, used: &UsedNonces) -> Result<UserId, LinkError> {
         let (user, expires, nonce) =
             open(&self.signer, LINK_DOMAIN, LINK_VERSION, link).ok_or(LinkError::Invalid)?;
         let now = now();
@@ -163,7 +164,7 @@ impl SignIn {
     }
 
     /// A new session cookie value for `user`.
-    pub fn session(&self, user: &UserId) -> String {
+    pub(crate) fn session(&self, user: &UserId) -> String {
         seal(
             &self.signer,
             SESSION_DOMAIN,
@@ -175,18 +176,18 @@ impl SignIn {
     }
 
     /// The session a cookie value stands for, unless forged or expired.
-    pub fn check_session(&self, value: &str) -> Option<Session> {
+    pub(crate) fn check_session(&self, value: &str) -> Option<Session> {
         let (user, expires, id) = open(&self.signer, SESSION_DOMAIN, SESSION_VERSION, value)?;
         (now() < expires).then_some(Session { user, id })
     }
 
     /// The CSRF token of `session`: forms carry it, and a POST without it is refused.
-    pub fn csrf(&self, session: &Session) -> String {
+    pub(crate) fn csrf(&self, session: &Session) -> String {
         URL_SAFE_NO_PAD.encode(self.signer.tag(CSRF_DOMAIN, &[&session.id]))
     }
 
     /// Whether `token` is the CSRF token of `session` (constant time).
-    pub fn csrf_ok(&self, session: &Session, token: &str) -> bool {
+    pub(crate) fn csrf_ok(&self, session: &Session, token: &str) -> bool {
         bool::from(self.csrf(session).as_bytes().ct_eq(token.as_bytes()))
     }
 }

@@ -8,34 +8,6 @@ use crate::orchestrate::history::{Save, SaveKind};
 use crate::orchestrate::{ProvisionStep, SandboxStatus};
 use crate::secrets::FormProblem;
 
-/// A failure as the page shows it. The one place that reads a `Broken` status's failure.
-pub struct FailureView {
-    pub step: String,
-    pub message: String,
-    pub tail: String,
-}
-
-/// Splits the failure file's text (`step: NAME`, `error: MESSAGE`, then the output tail).
-pub fn failure_view(failure: &str) -> FailureView {
-    let mut step = String::from("unknown");
-    let mut message = String::new();
-    let mut tail = Vec::new();
-    for line in failure.lines() {
-        if let Some(s) = line.strip_prefix("step: ").filter(|_| tail.is_empty()) {
-            step = s.to_owned();
-        } else if let Some(m) = line.strip_prefix("error: ").filter(|_| tail.is_empty()) {
-            message = m.to_owned();
-        } else {
-            tail.push(line);
-        }
-    }
-    FailureView {
-        step,
-        message,
-        tail: tail.join("\n"),
-    }
-}
-
 /// How the project is reached from a laptop.
 pub enum ProjectLink {
     /// GitLab's project page.
@@ -172,11 +144,10 @@ pub fn status_fragment(
         }
         @match status {
             Some(SandboxStatus::Broken { failure }) => {
-                @let f = failure_view(failure);
                 div #failure {
-                    p { "Step: " strong #failure-step { (f.step) } }
-                    p #failure-message { (f.message) }
-                    @if !f.tail.is_empty() { pre #failure-tail { (f.tail) } }
+                    p { "Step: " strong #failure-step { (failure.step) } }
+                    p #failure-message { (failure.message) }
+                    @if !failure.tail.is_empty() { pre #failure-tail { (failure.tail) } }
                 }
             }
             Some(SandboxStatus::NeedsSecrets { names }) => {
@@ -339,26 +310,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failure_splits_into_step_message_and_tail() {
-        let f =
-            failure_view("step: install\nerror: npm ci exited with 1\nnpm ERR! a\nnpm ERR! b\n");
-        assert_eq!(f.step, "install");
-        assert_eq!(f.message, "npm ci exited with 1");
-        assert_eq!(f.tail, "npm ERR! a\nnpm ERR! b");
-        let f = failure_view("something odd");
-        assert_eq!(
-            (f.step.as_str(), f.tail.as_str()),
-            ("unknown", "something odd")
-        );
-    }
-
-    #[test]
     fn markup_is_escaped() {
         let html = to_event_data(status_fragment(
             "alice",
             "t",
             Some(&SandboxStatus::Broken {
-                failure: "step: <b>\nerror: x\n<script>".into(),
+                failure: shmastra_contract::SyncFailure::parse(b"step: <b>\nerror: x\n<script>"),
             }),
             true,
             &[],
@@ -366,6 +323,10 @@ mod tests {
         assert!(
             !html.contains("<script>") && html.contains("&lt;script&gt;"),
             "{html}"
+        );
+        assert!(
+            html.contains("&lt;b&gt;"),
+            "the step is escaped too: {html}"
         );
     }
 }

@@ -288,10 +288,12 @@ fn write_project(project: &Path, spec: Spec) -> Result<()> {
         b"OPENAI_API_KEY=sk-bench-not-a-secret\nDATABASE_URL=postgres://bench@localhost/bench\n",
     )?;
     // Exactly what the watcher writes for this `.env`, so its first save has nothing to do.
-    let names: Vec<String> = ENV_NAMES.iter().map(|n| (*n).to_owned()).collect();
     w.write(
         "shmastra.json",
-        project_watcher::manifest::render(&names).as_bytes(),
+        shmastra_contract::Manifest::new(ENV_NAMES.iter().copied())
+            .expect("fixture names are valid")
+            .to_json()
+            .as_bytes(),
     )?;
     w.write(
         "package.json",

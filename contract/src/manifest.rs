@@ -1,5 +1,6 @@
 //! `shmastra.json`: the tracked list of the names of a project's secret variables (never their
-//! values), parsed strictly so a restore form asks for exactly the right fields.
+//! values), written by the watcher and parsed strictly by the cloud so a restore form asks for
+//! exactly the right fields. Both sides use this one definition.
 //!
 //! `env` lists the root `.env`'s names. The optional `env_files` maps each other root env
 //! file the watcher never saves (`.env.local`, `.env.production`, ...; see
@@ -172,6 +173,10 @@ impl Manifest {
         let names =
             Manifest::from_names(names.into_iter().map(Into::into).collect()).map_err(at)?;
         self.env_files.insert(file.to_owned(), names.env);
+        let total = self.env.len() + self.env_files.values().map(Vec::len).sum::<usize>();
+        if total > MAX_NAMES {
+            return Err(at(ManifestProblem::TooManyNames(total)));
+        }
         Ok(self)
     }
 
@@ -355,6 +360,21 @@ mod tests {
             let err = problem(bad);
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_name_limit_counts_every_file() {
+        let names = |prefix: &'static str, n: usize| (0..n).map(move |i| format!("{prefix}{i}"));
+        let manifest = Manifest::new(names("A", 500)).unwrap();
+        let full = manifest
+            .clone()
+            .with_env_file(".env.local", names("B", 500))
+            .unwrap();
+        assert_eq!(Manifest::parse(&full.to_json()).unwrap(), full);
+        let err = manifest
+            .with_env_file(".env.local", names("B", 501))
+            .unwrap_err();
+        assert!(err.to_string().contains("1001 variables"), "{err}");
     }
 
     #[test]
