@@ -85,6 +85,7 @@
 //! ```
 
 mod config;
+mod event;
 mod gitlab;
 /// `git http-backend` as CGI behind an HTTP handler: the embedded upstream's engine, public
 /// for test servers (`testkit`).

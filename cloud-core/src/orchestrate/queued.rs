@@ -8,7 +8,7 @@ use shmastra_contract::SyncFailure;
 
 use super::coalesce::Triggered;
 use super::{Orchestrator, ProjectHost, SandboxStatus, StatusSink};
-use crate::proxy::ExternalPush;
+use crate::event::ExternalPush;
 use crate::sandbox::Sandbox;
 use crate::store::{Store, StoreError, claim_owner, replica_name, run_holding};
 

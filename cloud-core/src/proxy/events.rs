@@ -7,18 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::UserId;
 use crate::store::Store;
 
-/// A branch moved by someone other than the sandbox's own watcher: the cloud starts a sync.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ExternalPush {
-    pub user: UserId,
-    /// The full ref name, e.g. `refs/heads/main`.
-    pub refname: String,
-    pub new_oid: String,
-}
-
-/// Receives external pushes. Called from the request path: it must return quickly (spawn the
-/// slow work).
-pub type OnExternalPush = Arc<dyn Fn(ExternalPush) + Send + Sync>;
+pub use crate::event::{ExternalPush, OnExternalPush};
 
 /// How many branch updates the proxy remembers per user for the webhook's de-duplication:
 /// GitLab's webhook for a proxied push arrives within seconds, far fewer updates than this

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{Claim, Store, StoreError, claim_owner, run_holding};
-use crate::proxy::ExternalPush;
+use crate::event::ExternalPush;
 
 /// How often a worker with nothing to do looks for jobs (other replicas' events, leases that
 /// ran out), and how often the local buffer is retried while the database is down.

@@ -13,8 +13,8 @@ use super::{
     STATUS_CHANGES_BUFFER, StatusChange, Store, StoreFuture,
 };
 use crate::UserId;
+use crate::event::ExternalPush;
 use crate::orchestrate::SandboxStatus;
-use crate::proxy::ExternalPush;
 
 struct Job {
     push: ExternalPush,

@@ -20,8 +20,8 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{broadcast, mpsc};
 
 use crate::UserId;
+use crate::event::ExternalPush;
 use crate::orchestrate::{SandboxStatus, StatusSink};
-use crate::proxy::ExternalPush;
 
 /// A store operation in flight.
 pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;

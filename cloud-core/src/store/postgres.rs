@@ -15,8 +15,8 @@ use super::{
     STATUS_CHANGES_BUFFER, StatusChange, Store, StoreError, StoreFuture, from_millis,
 };
 use crate::UserId;
+use crate::event::ExternalPush;
 use crate::orchestrate::SandboxStatus;
-use crate::proxy::ExternalPush;
 
 /// The migrations, in order: (version, SQL). A version is applied once, in one transaction.
 const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/0001_shared_state.sql"))];
