@@ -5,7 +5,8 @@
 //!
 //! libgit2 keeps these in C globals, so they are set once, before the first network call.
 //! The credentials are per operation: [`with_token`] lends them to the transport for one
-//! fetch or push on the calling thread.
+//! libgit2 fetch on the calling thread; the push's own client gets them with its
+//! [`SmartHttp`] ([`client_settings`] gives it the same User-Agent and timeout).
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
