@@ -31,6 +31,13 @@ pub struct Options {
     /// Measure one side only (ratios need both).
     #[arg(long, value_enum)]
     only: Option<OnlySide>,
+    /// Run only these tracked-file sizes of the plan (e.g. `--sizes 100000`), for profiling
+    /// one size; the report then leaves out the figures of the others.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Run only these cases (startup, one-edit, node-modules-burst, tracked-burst, idle).
+    #[arg(long, value_delimiter = ',', value_parser = ["startup", "one-edit", "node-modules-burst", "tracked-burst", "idle"])]
+    cases: Vec<String>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -111,7 +118,33 @@ struct RunReport<'a> {
 }
 
 pub fn run(options: Options) -> Result<()> {
-    let plan = Plan::new(options.quick);
+    let mut plan = Plan::new(options.quick);
+    if !options.sizes.is_empty() {
+        if let Some(missing) = options
+            .sizes
+            .iter()
+            .find(|s| !plan.tracked_sizes.contains(s))
+        {
+            bail!(
+                "--sizes {missing}: the {} plan has {:?}",
+                plan.mode,
+                plan.tracked_sizes
+            );
+        }
+        plan.tracked_sizes.retain(|s| options.sizes.contains(s));
+        plan.mode = if options.quick {
+            "quick-part"
+        } else {
+            "full-part"
+        };
+    }
+    if !options.cases.is_empty() {
+        plan.mode = if options.quick {
+            "quick-part"
+        } else {
+            "full-part"
+        };
+    }
     let sides: Vec<Side> = match options.only {
         None => vec![Side::Baseline, Side::Watcher],
         Some(OnlySide::Baseline) => vec![Side::Baseline],
@@ -177,6 +210,9 @@ pub fn run(options: Options) -> Result<()> {
             &["startup", "one-edit"]
         };
         for &case in cases {
+            if !options.cases.is_empty() && !options.cases.iter().any(|c| c == case) {
+                continue;
+            }
             for &side in &sides {
                 eprintln!("bench: {tracked} tracked: {case}: {}", side.name());
                 let r = by_side.entry(side).or_default();
