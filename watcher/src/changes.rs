@@ -1,8 +1,11 @@
 //! What flows from the watch stage through the debounce to the stage: the paths that may
-//! have changed, the directories to scan again, and whether `.env` changed.
+//! have changed, the directories to scan again, whether `.env` changed, and the ignore rules
+//! they are to be judged by (the watch stage's snapshot).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+
+use crate::filter::Rules;
 
 /// Paths are relative to the working tree; the empty path is the whole tree.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,6 +17,9 @@ pub struct Changes {
     pub subtrees: BTreeSet<PathBuf>,
     /// `.env` changed, so the manifest may have to be rewritten.
     pub env_changed: bool,
+    /// The rules as the watch stage had them when it sent these changes (a rule edit is
+    /// judged by the new rules); `None` keeps the rules of the save before.
+    pub rules: Option<Rules>,
 }
 
 impl Changes {
@@ -34,6 +40,10 @@ impl Changes {
         self.paths.extend(other.paths);
         self.subtrees.extend(other.subtrees);
         self.env_changed |= other.env_changed;
+        self.rules = match (self.rules.take(), other.rules) {
+            (Some(mine), Some(theirs)) => Some(mine.newest(theirs)),
+            (mine, theirs) => mine.or(theirs),
+        };
     }
 
     /// The subtrees to scan with none inside another, and the paths no subtree covers.

@@ -5,24 +5,25 @@
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use git2::{Oid, Repository};
 use shmastra_contract::MANIFEST_FILE;
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::changes::Changes;
 use crate::commit::Committed;
 use crate::config::Config;
 use crate::debounce::{self, Debounce, Debounced};
-use crate::filter::Filter;
+use crate::filter::{Filter, TrackedIgnored};
 use crate::lock::{self, InstanceLock, LockError, RepoLock};
 use crate::manifest;
 use crate::push::{PushEvent, PushHandle};
 use crate::remote::RemoteSettings;
 use crate::save::{SaveError, SaveRetry, SaveWorker, Saved, repository_gone};
+use crate::scan;
 use crate::status::{self, State, Status};
 use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
 
@@ -127,7 +128,7 @@ struct Setup {
     reader: Repository,
     workdir: PathBuf,
     git_dir: PathBuf,
-    filter: Arc<RwLock<Filter>>,
+    filter: Filter,
 }
 
 fn setup(config: &Config) -> Result<Setup, DaemonError> {
@@ -154,7 +155,7 @@ fn setup(config: &Config) -> Result<Setup, DaemonError> {
         reader,
         workdir,
         git_dir,
-        filter: Arc::new(RwLock::new(filter)),
+        filter,
     })
 }
 
@@ -373,30 +374,20 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // Written before the watches exist, so the watcher does not see its own write as a change.
     sync_manifest(&workdir, &git_dir).await?;
     let (problems_tx, mut problems) = watch::channel(None);
-    let tracked_ignored_changed = Arc::new(Notify::new());
-    let watcher = {
-        let (workdir, git_dir, filter) = (workdir.clone(), git_dir.clone(), Arc::clone(&filter));
-        let tracked_ignored_changed = Arc::clone(&tracked_ignored_changed);
-        let event_buffer = config.event_buffer;
-        tokio::task::spawn_blocking(move || {
-            TreeWatcher::start(
-                &workdir,
-                &git_dir,
-                filter,
-                problems_tx,
-                tracked_ignored_changed,
-                event_buffer,
-            )
-        })
-        .await
-        .expect("starting the watches does not panic")?
-    };
-    let watched = watcher.watched_dirs();
+    let (tracked_ignored_tx, tracked_ignored) = watch::channel(Arc::new(TrackedIgnored::default()));
+    let watcher = TreeWatcher::new(
+        &workdir,
+        &git_dir,
+        filter,
+        problems_tx,
+        tracked_ignored,
+        config.event_buffer,
+    )?;
     let saver = SaveWorker::spawn(
         &workdir,
         &git_dir,
-        Arc::clone(&filter),
-        tracked_ignored_changed,
+        watcher.rules().filter,
+        tracked_ignored_tx,
         config.max_file_size,
     )?;
     let pusher = start_push(&config, &reader, &workdir);
@@ -419,9 +410,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // When the index file is written: once the watcher has been quiet, or at the latest
     // `IndexWrite::cap` after the first save it lacks, however busy the project is.
     let mut index_write = IndexWrite::new(&config);
-    // A failed first pass (a stale lock, a full disk, a read-only `.git`) is retried like any
-    // other save: exiting would only make the supervisor restart us into the same fault.
-    let first = saver.save(Changes::everything()).await;
+    // One walk sets every watch and compares every kept file with the index. A failed first
+    // pass (a stale lock, a full disk, a read-only `.git`) is retried like any other save:
+    // exiting would only make the supervisor restart us into the same fault.
+    let (watcher, first) = saver.start(watcher).await?;
+    crate::resources::release_free_memory();
+    let watched = watcher.watched_dirs();
     match book.record_save(first, &reader, pusher.as_ref()) {
         SaveOutcome::Done { index_unwritten } => index_write.saved(index_unwritten),
         SaveOutcome::Failed(e) => {
@@ -477,7 +471,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             }
             () = sleep_until(write_index_at), if write_index_at.is_some() => {
                 match saver.write_index().await {
-                    Ok(_) => index_write.written(),
+                    Ok(_) => {
+                        index_write.written();
+                        crate::resources::release_free_memory();
+                    }
                     Err(e @ SaveError::Gone { .. }) => {
                         gone = Some(e.into());
                         break;
@@ -524,7 +521,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
 
     let _ = stop_watch.send(());
-    let _ = watch_task.await;
+    // The last save is judged by the rules as they are now (a rule edit may be in no batch).
+    let rules = watch_task.await.ok();
     debounce_task.abort();
     if let Some(gone) = gone {
         return Err(gone);
@@ -533,7 +531,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         return Err(project_gone(&git_dir));
     }
     tracing::info!("stopping: saving what is pending");
-    let result = saver.save(Changes::everything()).await;
+    let result = saver
+        .save(Changes {
+            rules,
+            ..Changes::everything()
+        })
+        .await;
     let outcome = match book.record_save(result, &reader, pusher.as_ref()) {
         SaveOutcome::Done { .. } => write_index_now(&saver).await,
         SaveOutcome::Failed(e) => Err(e.into()),
@@ -671,17 +674,25 @@ pub async fn once(config: Config) -> Result<(), DaemonError> {
         git_dir,
         filter,
     } = setup(&config)?;
-    {
-        let mut filter = filter.write().unwrap_or_else(|e| e.into_inner());
-        let mut warnings = Vec::new();
-        crate::scan::kept_dirs(&workdir, Path::new(""), &mut filter, &mut warnings, |_| {});
-        watch_stage::report_rule_warnings(&warnings);
-    }
+    let mut filter = filter;
+    let mut load = scan::LoadRules {
+        filter: &mut filter,
+        warnings: Vec::new(),
+    };
+    scan::walk(
+        &workdir,
+        Path::new(""),
+        false,
+        &mut load,
+        &mut scan::NoEntries,
+    );
+    watch_stage::report_rule_warnings(&load.warnings);
+    let (tracked_ignored, _) = watch::channel(Arc::new(TrackedIgnored::default()));
     let saver = SaveWorker::spawn(
         &workdir,
         &git_dir,
-        filter,
-        Arc::new(Notify::new()),
+        Arc::new(filter),
+        tracked_ignored,
         config.max_file_size,
     )?;
     let saved = saver.save(Changes::everything()).await?;

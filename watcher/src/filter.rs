@@ -10,11 +10,14 @@
 //! has no `{a,b}` alternation), a line with an unclosed `[` matches nothing, and
 //! `core.ignoreCase` makes every rule case-insensitive.
 //!
-//! Tracked paths that a rule matches stay tracked (git updates them): the stage records them
-//! here, so that the watch stage keeps watching their directories.
+//! The watch stage owns the rules and hands an immutable snapshot (`Rules`) with each batch:
+//! no lock is shared between stages. Tracked paths that a rule matches stay tracked (git
+//! updates them): the stage finds them ([`TrackedIgnored`]) and sends them to the watch stage,
+//! which keeps watching their directories.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
@@ -36,21 +39,68 @@ pub enum RulesFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleWarning(pub String);
 
+/// Cloned only when the watch stage changes rules a batch still holds: the rules files' parsed
+/// forms are shared, not copied.
+#[derive(Clone)]
 pub struct Filter {
     workdir: PathBuf,
     git_dir: PathBuf,
     info_exclude: PathBuf,
     excludes_file: Option<PathBuf>,
     /// Rules of each kept directory that has a `.gitignore`, by relative directory.
-    per_dir: HashMap<PathBuf, Gitignore>,
-    repo_rules: Vec<Gitignore>,
+    per_dir: HashMap<PathBuf, Arc<Gitignore>>,
+    repo_rules: Vec<Arc<Gitignore>>,
     /// `core.ignoreCase`.
     ignore_case: bool,
-    /// Tracked paths a rule matches (not skip-worktree ones), kept current by the stage.
-    tracked_ignored: BTreeSet<PathBuf>,
     /// The sparse-checkout patterns when `core.sparseCheckout` is on: `git add -A` adds no
     /// untracked path outside them.
-    sparse: Option<Gitignore>,
+    sparse: Option<Arc<Gitignore>>,
+}
+
+/// One version of the rules, as the watch stage hands it on with a batch. A newer version
+/// (a higher `generation`) wins when batches merge.
+#[derive(Clone)]
+pub struct Rules {
+    pub filter: Arc<Filter>,
+    pub generation: u64,
+}
+
+impl Rules {
+    pub fn new(filter: Filter) -> Self {
+        Self {
+            filter: Arc::new(filter),
+            generation: 0,
+        }
+    }
+
+    /// The rules to change: a copy when a batch still holds this version.
+    pub fn make_mut(&mut self) -> &mut Filter {
+        self.generation += 1;
+        Arc::make_mut(&mut self.filter)
+    }
+
+    /// The newer of the two.
+    pub fn newest(self, other: Rules) -> Rules {
+        if other.generation > self.generation {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+impl PartialEq for Rules {
+    fn eq(&self, other: &Self) -> bool {
+        self.generation == other.generation && Arc::ptr_eq(&self.filter, &other.filter)
+    }
+}
+
+impl Eq for Rules {}
+
+impl std::fmt::Debug for Rules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Rules(v{})", self.generation)
+    }
 }
 
 impl Filter {
@@ -70,7 +120,6 @@ impl Filter {
             per_dir: HashMap::new(),
             repo_rules: Vec::new(),
             ignore_case,
-            tracked_ignored: BTreeSet::new(),
             sparse: None,
         };
         let warnings = filter.reload_repo_rules();
@@ -99,6 +148,7 @@ impl Filter {
                 self.ignore_case,
                 &mut warnings,
             )
+            .map(Arc::new)
         } else {
             None
         };
@@ -107,6 +157,7 @@ impl Filter {
             .into_iter()
             .flatten()
             .filter_map(|file| read_rules(&self.workdir, &file, self.ignore_case, &mut warnings))
+            .map(Arc::new)
             .collect();
         warnings
     }
@@ -122,7 +173,7 @@ impl Filter {
             &mut warnings,
         ) {
             Some(rules) => {
-                self.per_dir.insert(dir.to_owned(), rules);
+                self.per_dir.insert(dir.to_owned(), Arc::new(rules));
             }
             None => {
                 self.per_dir.remove(dir);
@@ -134,6 +185,11 @@ impl Filter {
     /// Forgets the rules of `dir` and every directory below it (removed or now ignored).
     pub fn forget_below(&mut self, dir: &Path) {
         self.per_dir.retain(|d, _| !d.starts_with(dir));
+    }
+
+    /// Whether `dir` or a directory below it has rules of its own.
+    pub fn has_rules_below(&self, dir: &Path) -> bool {
+        self.per_dir.keys().any(|d| d.starts_with(dir))
     }
 
     /// Whether `rel` is ignored, assuming its parent directory is not.
@@ -218,15 +274,24 @@ impl Filter {
     pub fn excludes_file(&self) -> Option<&Path> {
         self.excludes_file.as_deref()
     }
+}
 
+/// Tracked paths a rule matches (not skip-worktree ones): git keeps updating them, so the
+/// watch stage watches their directories. The stage finds them and sends each new set on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrackedIgnored {
+    paths: BTreeSet<PathBuf>,
+}
+
+impl TrackedIgnored {
     /// Whether `rel` is tracked although ignored (git keeps updating it).
-    pub fn is_tracked_ignored(&self, rel: &Path) -> bool {
-        self.tracked_ignored.contains(rel)
+    pub fn contains(&self, rel: &Path) -> bool {
+        self.paths.contains(rel)
     }
 
     /// Whether `dir` is, or holds, a tracked path that is ignored: such a directory is watched.
-    pub fn holds_tracked_ignored(&self, dir: &Path) -> bool {
-        self.tracked_ignored
+    pub fn holds(&self, dir: &Path) -> bool {
+        self.paths
             .range(dir.to_owned()..)
             .next()
             .is_some_and(|p| p.starts_with(dir))
@@ -234,9 +299,9 @@ impl Filter {
 
     /// Replaces the tracked ignored paths at or under `scope` (everything for the empty path)
     /// by `paths`. Returns whether the set changed.
-    pub fn set_tracked_ignored(&mut self, scope: &Path, paths: Vec<PathBuf>) -> bool {
+    pub fn set(&mut self, scope: &Path, paths: Vec<PathBuf>) -> bool {
         let before: Vec<PathBuf> = self
-            .tracked_ignored
+            .paths
             .range(scope.to_owned()..)
             .take_while(|p| p.starts_with(scope))
             .cloned()
@@ -248,9 +313,9 @@ impl Filter {
             return false;
         }
         for p in before {
-            self.tracked_ignored.remove(&p);
+            self.paths.remove(&p);
         }
-        self.tracked_ignored.extend(after);
+        self.paths.extend(after);
         true
     }
 }

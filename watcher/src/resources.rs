@@ -4,6 +4,9 @@
 //!
 //! Read from `/proc` and `statvfs` rather than through `sysinfo`: these three numbers are a
 //! few hundred bytes of reads, while `sysinfo` keeps tables of every process and disk.
+//!
+//! [`release_free_memory`] hands the allocator's free pages back to the system once a pass is
+//! over, so a watcher's resident memory is what it keeps, not the peak of its last pass.
 
 use std::fs;
 use std::path::Path;
@@ -16,6 +19,24 @@ pub const MIN_FREE_DISK_ENV: &str = "PROJECT_WATCHER_MIN_FREE_DISK";
 /// The status warns below max(512 MiB, 5 % of the file system).
 const MIN_FREE_FLOOR: u64 = 512 * 1024 * 1024;
 const MIN_FREE_PERCENT: u64 = 5;
+
+/// Returns the allocator's free memory to the system (glibc's `malloc_trim`, which also
+/// releases free pages inside each thread's arena): called when a pass is over (start-up, a
+/// quiet index write). A walk's short-lived paths are freed between the long-lived index
+/// entries and watches allocated beside them; glibc keeps such holes resident otherwise.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+pub fn release_free_memory() {
+    // SAFETY: `malloc_trim` takes each arena's lock itself and only returns pages that hold
+    // no allocation; it reads and writes no memory of ours.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Other allocators return free memory on their own terms.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn release_free_memory() {}
 
 /// A process's resident memory (bytes) and CPU time (user + system, milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

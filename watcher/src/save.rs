@@ -10,21 +10,23 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use git2::Repository;
 use shmastra_contract::MANIFEST_FILE;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{oneshot, watch};
 
 use crate::changes::Changes;
 use crate::commit::{self, Committed};
-use crate::filter::Filter;
+use crate::filter::{Filter, TrackedIgnored};
 use crate::lock::{self, LockError, RepoLock};
 use crate::manifest;
 use crate::retry::{self, Backoff};
+use crate::scan::{self, Dirs};
 use crate::stage::{StageError, Stager};
 use crate::status::SkippedFile;
+use crate::watch::TreeWatcher;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SaveError {
@@ -80,15 +82,51 @@ struct Saver {
     workdir: PathBuf,
 }
 
+/// The watch stage and the first save's result, back from the start-up pass.
+type Started = (Box<TreeWatcher>, Result<Saved, SaveError>);
+
 enum Job {
+    /// The start-up pass: one walk for the watches and the first save.
+    Start(Box<TreeWatcher>, oneshot::Sender<Started>),
     Save(Changes, oneshot::Sender<Result<Saved, SaveError>>),
     WriteIndex(oneshot::Sender<Result<bool, SaveError>>),
 }
 
 impl Saver {
     /// One save; a failure caused by the repository vanishing mid-save is [`SaveError::Gone`].
-    fn save(&mut self, changes: &Changes) -> Result<Option<Committed>, SaveError> {
-        self.guarded(|saver| saver.save_in_repository(changes))
+    fn save(
+        &mut self,
+        changes: &Changes,
+        walker: Option<&mut dyn Dirs>,
+    ) -> Result<Option<Committed>, SaveError> {
+        self.guarded(|saver| saver.save_in_repository(changes, walker))
+    }
+
+    /// The start-up pass: a full save whose walk also sets every watch (a save that failed
+    /// before walking still leaves every watch set); the save stage keeps the rules it loaded.
+    fn start(&mut self, watcher: &mut TreeWatcher) -> Result<Saved, SaveError> {
+        let mut walker = watcher.start_walker();
+        let result = self.save(&Changes::everything(), Some(&mut walker));
+        if !walker.walked() {
+            scan::walk(
+                &self.workdir,
+                Path::new(""),
+                false,
+                &mut walker,
+                &mut scan::NoEntries,
+            );
+        }
+        walker.finish();
+        self.stager.set_rules(watcher.rules().filter);
+        result.map(|committed| self.saved(committed))
+    }
+
+    fn saved(&self, committed: Option<Committed>) -> Saved {
+        Saved {
+            committed,
+            skipped: self.skipped(),
+            index_unwritten: self.stager.has_unwritten(),
+        }
     }
 
     /// Writes the index file when it is behind the in-memory index.
@@ -133,7 +171,11 @@ impl Saver {
         })
     }
 
-    fn save_in_repository(&mut self, changes: &Changes) -> Result<Option<Committed>, SaveError> {
+    fn save_in_repository(
+        &mut self,
+        changes: &Changes,
+        walker: Option<&mut dyn Dirs>,
+    ) -> Result<Option<Committed>, SaveError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
         self.remove_stale_locks();
         let index_lock = self.git_dir.join("index.lock");
@@ -151,7 +193,7 @@ impl Saver {
                 Err(e) => tracing::warn!("cannot update {MANIFEST_FILE}: {e}"),
             }
         }
-        let staged = self.stager.stage(&self.repo, &changes);
+        let staged = self.stager.stage(&self.repo, &changes, walker);
         self.mark_unwritten();
         commit::commit_tree(&self.repo, staged?).map_err(|source| SaveError::Git {
             dir: self.workdir.clone(),
@@ -211,12 +253,14 @@ impl Saver {
     fn run(mut self, jobs: std::sync::mpsc::Receiver<Job>) {
         for job in jobs {
             match job {
+                Job::Start(mut watcher, reply) => {
+                    let result = self.start(&mut watcher);
+                    let _ = reply.send((watcher, result));
+                }
                 Job::Save(changes, reply) => {
-                    let result = self.save(&changes).map(|committed| Saved {
-                        committed,
-                        skipped: self.skipped(),
-                        index_unwritten: self.stager.has_unwritten(),
-                    });
+                    let result = self
+                        .save(&changes, None)
+                        .map(|committed| self.saved(committed));
                     let _ = reply.send(result);
                 }
                 Job::WriteIndex(reply) => {
@@ -233,12 +277,14 @@ pub struct SaveWorker {
 }
 
 impl SaveWorker {
-    /// Starts the save thread on the repository at `workdir`.
+    /// Starts the save thread on the repository at `workdir`, with the rules batches that
+    /// carry none are judged by until one does; the tracked paths the rules ignore go to
+    /// `tracked_ignored`.
     pub fn spawn(
         workdir: &Path,
         git_dir: &Path,
-        filter: Arc<RwLock<Filter>>,
-        tracked_ignored_changed: Arc<Notify>,
+        rules: Arc<Filter>,
+        tracked_ignored: watch::Sender<Arc<TrackedIgnored>>,
         max_file_size: u64,
     ) -> Result<Self, SaveError> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
@@ -253,13 +299,8 @@ impl SaveWorker {
                         source,
                     })
                     .and_then(|repo| {
-                        let stager = Stager::new(
-                            &repo,
-                            &workdir,
-                            filter,
-                            tracked_ignored_changed,
-                            max_file_size,
-                        )?;
+                        let stager =
+                            Stager::new(&repo, &workdir, rules, tracked_ignored, max_file_size)?;
                         Ok(Saver {
                             repo,
                             stager,
@@ -280,6 +321,16 @@ impl SaveWorker {
             .map_err(SaveError::Thread)?;
         ready_rx.recv().map_err(|_| died())??;
         Ok(Self { jobs })
+    }
+
+    /// The start-up pass on the save thread: one walk sets `watcher`'s watches and compares
+    /// every kept file for the first save; the watcher comes back with its rules loaded.
+    pub async fn start(&self, watcher: TreeWatcher) -> Result<Started, SaveError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(Job::Start(Box::new(watcher), reply))
+            .map_err(|_| died())?;
+        answer.await.map_err(|_| died())
     }
 
     /// Stages `changes`, builds the tree and commits it when it differs from `HEAD`'s.

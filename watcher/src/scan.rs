@@ -1,7 +1,7 @@
-//! Top-down walks of the working tree that never enter an ignored directory, a nested
-//! repository or a symlink: the start-up pass, rescans, and new directories. Entry types come
-//! from what `readdir` returns (`d_type`); only files and symlinks get an `lstat`, for the
-//! stat data the index compares.
+//! Top-down walks of the working tree that never enter an ignored directory (but for the
+//! tracked paths it holds) or a symlink: the start-up pass (one walk for the watches and the
+//! first save), rescans, and new directories. Entry types come from what `readdir` returns
+//! (`d_type`); only files and symlinks get an `lstat`, for the stat data the index compares.
 
 use std::fs::{self, FileType, Metadata};
 use std::io;
@@ -71,90 +71,151 @@ fn is_git_dir(dir: &Path) -> bool {
         || (head.len() >= 40 && head.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// Kept directories under `start` (itself included), loading each one's `.gitignore` into
-/// `filter` before deciding about its children. `enter` sees each directory before it is
-/// read (the watch stage watches it there). `start` must itself be kept.
-///
-/// Nested repositories are entered too, and their own `.git` directory is listed (and seen
-/// by `enter`) but not entered: whether such a directory is a gitlink or loose files depends
-/// on the index, which the stage decides, and a commit inside it shows only in its `.git`.
-pub fn kept_dirs(
-    workdir: &Path,
-    start: &Path,
-    filter: &mut Filter,
-    warnings: &mut Vec<RuleWarning>,
-    mut enter: impl FnMut(&Path),
-) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    // An ignored directory is entered only for the tracked paths it holds (git updates
-    // those); whatever else is below it stays ignored, whatever its own name.
-    let start_ignored = !start.as_os_str().is_empty() && !filter.is_kept(start, true);
-    let mut stack = vec![(start.to_owned(), start_ignored)];
-    while let Some((dir, inside_ignored)) = stack.pop() {
-        enter(&dir);
-        warnings.extend(filter.load_dir(&dir));
-        for (rel, file_type) in read_dir(workdir, &dir).unwrap_or_default() {
-            if !file_type.is_dir() {
-                continue;
-            }
-            if !dir.as_os_str().is_empty() && rel.file_name().is_some_and(|n| n == ".git") {
-                enter(&rel);
-                found.push(rel);
-                continue;
-            }
-            let ignored = inside_ignored || filter.is_ignored(&rel, true);
-            if !ignored || filter.holds_tracked_ignored(&rel) {
-                stack.push((rel, ignored));
-            }
-        }
-        found.push(dir);
+/// The directory side of a walk: the rules, and what is done with each directory before it
+/// is read (the watch stage watches it and loads its `.gitignore` there).
+pub trait Dirs {
+    fn rules(&self) -> &Filter;
+
+    /// A directory about to be read, or (`git_dir`) a nested repository's `.git`, which is
+    /// never read: a commit inside it shows only there.
+    fn enter(&mut self, dir: &Path, git_dir: bool);
+
+    /// Whether the walk also goes where only watches are needed: into nested repositories and
+    /// gitlinks, and into ignored directories that hold a tracked path.
+    fn watching(&self) -> bool {
+        false
     }
-    found
+
+    /// Whether `dir` holds a tracked path the rules ignore (watched, though ignored).
+    fn holds_tracked_ignored(&self, _dir: &Path) -> bool {
+        false
+    }
 }
 
-/// Every kept file and symlink (with its `lstat`), nested repository and gitlink under `start`,
-/// and the directories that could not be read (what was saved of them stands: unreadable is
-/// not gone). `in_index` says what the index holds under a directory.
-pub fn kept_entries(
-    workdir: &Path,
-    start: &Path,
-    filter: &Filter,
-    in_index: impl Fn(&Path) -> DirInIndex,
-) -> (Vec<(PathBuf, EntryKind)>, Vec<PathBuf>) {
-    let mut found = Vec::new();
-    let mut unreadable = Vec::new();
-    let mut stack = vec![start.to_owned()];
-    while let Some(dir) = stack.pop() {
-        let Some(entries) = read_dir(workdir, &dir) else {
-            unreadable.push(dir);
+/// A batch's rules for a walk: they do not change on the way, and nothing is watched.
+pub struct Snapshot<'a>(pub &'a Filter);
+
+impl Dirs for Snapshot<'_> {
+    fn rules(&self) -> &Filter {
+        self.0
+    }
+
+    fn enter(&mut self, _dir: &Path, _git_dir: bool) {}
+}
+
+/// Rules loaded on the way down every directory a watch would need, and nothing watched:
+/// `once`, which has no watch stage, loads its rules with it before its save.
+pub struct LoadRules<'a> {
+    pub filter: &'a mut Filter,
+    pub warnings: Vec<RuleWarning>,
+}
+
+impl Dirs for LoadRules<'_> {
+    fn rules(&self) -> &Filter {
+        self.filter
+    }
+
+    fn enter(&mut self, dir: &Path, git_dir: bool) {
+        if !git_dir {
+            self.warnings.extend(self.filter.load_dir(dir));
+        }
+    }
+
+    fn watching(&self) -> bool {
+        true
+    }
+}
+
+/// The entry side of a walk: what `git add -A` would consider, handed over as it is found.
+pub trait Entries {
+    /// What the index holds under a directory.
+    fn in_index(&self, dir: &Path) -> DirInIndex;
+
+    /// A kept file or symlink (with its `lstat`), nested repository or gitlink.
+    fn found(&mut self, rel: PathBuf, kind: EntryKind);
+
+    /// A directory that could not be read (what was saved of it stands: unreadable is not gone).
+    fn unreadable(&mut self, dir: PathBuf);
+}
+
+/// A walk for the watches alone.
+pub struct NoEntries;
+
+impl Entries for NoEntries {
+    fn in_index(&self, _dir: &Path) -> DirInIndex {
+        DirInIndex::Untracked
+    }
+
+    fn found(&mut self, _rel: PathBuf, _kind: EntryKind) {}
+
+    fn unreadable(&mut self, _dir: PathBuf) {}
+}
+
+/// One top-down walk from `start` (itself included) that serves both sides: every directory
+/// `dirs` needs is entered (and `dirs.enter` sees it before it is read, so its `.gitignore`
+/// applies to its children), and when `staged`, every kept entry below `start` goes to
+/// `entries`. Start-up walks once for both (every watch set and the first save's stat pass);
+/// later walks are for one side. Entries are handed over as they are found: nothing per file
+/// is kept.
+///
+/// An ignored directory is entered (for the watches) only for the tracked paths it holds;
+/// whatever else is below it stays ignored, whatever its own name. Nested repositories are
+/// entered for the watches too, and their own `.git` is entered (watched) but not read;
+/// whether such a directory is a gitlink or loose files depends on the index, which
+/// `entries.in_index` says.
+pub fn walk<D, E>(workdir: &Path, start: &Path, staged: bool, dirs: &mut D, entries: &mut E)
+where
+    D: Dirs + ?Sized,
+    E: Entries + ?Sized,
+{
+    let watching = dirs.watching();
+    let start_ignored = !start.as_os_str().is_empty() && !dirs.rules().is_kept(start, true);
+    let mut stack = vec![(start.to_owned(), start_ignored, staged && !start_ignored)];
+    while let Some((dir, inside_ignored, staged)) = stack.pop() {
+        dirs.enter(&dir, false);
+        let Some(listing) = read_dir(workdir, &dir) else {
+            if staged {
+                entries.unreadable(dir);
+            }
             continue;
         };
-        for (rel, ft) in entries {
-            let is_dir = ft.is_dir();
-            if filter.is_ignored(&rel, is_dir) {
-                continue;
-            }
-            if ft.is_file() || ft.is_symlink() {
+        for (rel, file_type) in listing {
+            if file_type.is_dir() {
+                if !dir.as_os_str().is_empty() && rel.file_name().is_some_and(|n| n == ".git") {
+                    if watching {
+                        dirs.enter(&rel, true);
+                    }
+                    continue;
+                }
+                let ignored = inside_ignored || dirs.rules().is_ignored(&rel, true);
+                let mut stage_it = false;
+                if staged && !ignored {
+                    match entries.in_index(&rel) {
+                        DirInIndex::Gitlink => entries.found(rel.clone(), EntryKind::Gitlink),
+                        DirInIndex::Untracked if is_nested_repo(&workdir.join(&rel)) => {
+                            if !dirs.rules().outside_sparse(&rel, true) {
+                                entries.found(rel.clone(), EntryKind::NestedRepo);
+                            }
+                        }
+                        DirInIndex::Tracked | DirInIndex::Untracked => stage_it = true,
+                    }
+                }
+                let watch_it = watching && (!ignored || dirs.holds_tracked_ignored(&rel));
+                if stage_it || watch_it {
+                    stack.push((rel, ignored, stage_it));
+                }
+            } else if staged && (file_type.is_file() || file_type.is_symlink()) {
+                let rules = dirs.rules();
                 // Tracked files outside a sparse checkout are refreshed from the index.
-                if !filter.outside_sparse(&rel, false)
+                if !rules.is_ignored(&rel, false)
+                    && !rules.outside_sparse(&rel, false)
                     && let Ok(meta) = fs::symlink_metadata(workdir.join(&rel))
                 {
-                    found.push((rel, EntryKind::File(meta)));
-                }
-            } else if is_dir {
-                match in_index(&rel) {
-                    DirInIndex::Gitlink => found.push((rel, EntryKind::Gitlink)),
-                    DirInIndex::Untracked if is_nested_repo(&workdir.join(&rel)) => {
-                        if !filter.outside_sparse(&rel, true) {
-                            found.push((rel, EntryKind::NestedRepo));
-                        }
-                    }
-                    DirInIndex::Tracked | DirInIndex::Untracked => stack.push(rel),
+                    entries.found(rel, EntryKind::File(meta));
                 }
             }
         }
     }
-    (found, unreadable)
 }
 
 /// The entries of one directory with their type as `readdir` gives it (no `lstat` on the file
@@ -177,4 +238,108 @@ fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, FileType)>> {
         })
         .collect();
     Some(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// Records what a staged walk hands over.
+    #[derive(Default)]
+    struct Seen {
+        files: Vec<PathBuf>,
+        unreadable: Vec<PathBuf>,
+    }
+
+    impl Entries for Seen {
+        fn in_index(&self, _dir: &Path) -> DirInIndex {
+            DirInIndex::Untracked
+        }
+
+        fn found(&mut self, rel: PathBuf, kind: EntryKind) {
+            if let EntryKind::File(_) = kind {
+                self.files.push(rel);
+            }
+        }
+
+        fn unreadable(&mut self, dir: PathBuf) {
+            self.unreadable.push(dir);
+        }
+    }
+
+    /// Replaces the other of `a` and `b` by a file when the walk enters the first of them: a
+    /// directory replaced after its parent was read and before it is.
+    struct Replacing<'a> {
+        filter: &'a mut Filter,
+        workdir: PathBuf,
+        entered: Vec<PathBuf>,
+    }
+
+    impl Dirs for Replacing<'_> {
+        fn rules(&self) -> &Filter {
+            self.filter
+        }
+
+        fn enter(&mut self, dir: &Path, _git_dir: bool) {
+            self.entered.push(dir.to_owned());
+            if self.entered.len() == 2 {
+                let other = if dir == Path::new("a") { "b" } else { "a" };
+                let abs = self.workdir.join(other);
+                fs::remove_dir_all(&abs).unwrap();
+                fs::write(&abs, "now a file").unwrap();
+            }
+        }
+
+        fn watching(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_directory_replaced_by_a_file_mid_walk_is_unreadable_not_gone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let workdir = tmp.path().to_owned();
+        for dir in ["a", "b"] {
+            fs::create_dir_all(workdir.join(dir)).unwrap();
+            fs::write(workdir.join(dir).join("inside.txt"), dir).unwrap();
+        }
+        let (mut filter, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
+        let mut dirs = Replacing {
+            filter: &mut filter,
+            workdir: workdir.clone(),
+            entered: Vec::new(),
+        };
+        let mut seen = Seen::default();
+        walk(&workdir, Path::new(""), true, &mut dirs, &mut seen);
+        let first = dirs.entered[1].clone();
+        let replaced = if first == Path::new("a") { "b" } else { "a" };
+        assert_eq!(seen.files, [first.join("inside.txt")]);
+        // What was saved under it stands until the events of the swap are staged.
+        assert_eq!(seen.unreadable, [PathBuf::from(replaced)]);
+        assert_eq!(dirs.entered.len(), 3, "{:?}", dirs.entered);
+    }
+
+    #[test]
+    fn symlinks_are_entries_and_never_entered() {
+        let tmp = tempfile::tempdir().unwrap();
+        let workdir = tmp.path().join("w");
+        fs::create_dir_all(workdir.join("real")).unwrap();
+        fs::write(workdir.join("real/file.txt"), "x").unwrap();
+        symlink("real", workdir.join("link")).unwrap();
+        symlink(tmp.path(), workdir.join("up")).unwrap();
+        let (mut filter, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
+        let mut dirs = LoadRules {
+            filter: &mut filter,
+            warnings: Vec::new(),
+        };
+        let mut seen = Seen::default();
+        walk(&workdir, Path::new(""), true, &mut dirs, &mut seen);
+        seen.files.sort();
+        let expected: Vec<PathBuf> = ["link", "real/file.txt", "up"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(seen.files, expected);
+    }
 }

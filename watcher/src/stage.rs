@@ -9,6 +9,11 @@
 //! cost one `lstat` and one hash each; only subtrees (start-up, rescans, new directories, rule
 //! edits) are walked.
 //!
+//! The ignore rules are the batch's own snapshot, as the watch stage had them when it sent the
+//! batch; the tracked paths they ignore, which the stage finds, go back to the watch stage over
+//! a channel. At start-up the stage's walk is also the watch stage's ([`Stager::stage`] with its
+//! walker): one walk watches every kept directory and compares every kept file.
+//!
 //! The `Index` lives in memory between batches and is the stat cache; the new tree is the
 //! previous one plus the paths this batch touched (`TreeUpdateBuilder`: only the trees on those
 //! paths are read and written). The index file is written off the critical path
@@ -17,22 +22,24 @@
 //! write), it is read again and wins: the paths the watcher changed in memory but never wrote
 //! are staged again on top of it, as `git add -A` on those paths would.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, Metadata};
+use std::hash::BuildHasher;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use git2::build::TreeUpdateBuilder;
 use git2::{FileMode, Index, IndexEntry, IndexEntryExtendedFlag, IndexEntryFlag, Oid, Repository};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 
 use crate::changes::Changes;
-use crate::filter::{self, Filter};
-use crate::scan::{self, DirInIndex, EntryKind};
+use crate::filter::{self, Filter, TrackedIgnored};
+use crate::scan::{self, DirInIndex, Dirs, Entries, EntryKind};
 use crate::sparse;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +64,8 @@ pub type Skipped = BTreeMap<PathBuf, u64>;
 pub struct Stager {
     workdir: PathBuf,
     index: Index,
-    filter: Arc<RwLock<Filter>>,
+    /// The rules of the latest batch that carried them.
+    rules: Arc<Filter>,
     max_file_size: u64,
     skipped: Skipped,
     /// The index file as the watcher last read or wrote it; anything else there is someone
@@ -74,10 +82,12 @@ pub struct Stager {
     unwritten: BTreeSet<PathBuf>,
     /// The first readable file of this batch that could not be stored.
     store_failure: Option<(PathBuf, git2::Error)>,
-    /// Tracked ignored paths found by this batch, by the scope they replace in the filter.
-    tracked_ignored: Vec<(PathBuf, Vec<PathBuf>)>,
-    /// Told when the filter's tracked ignored paths changed (the watch stage re-watches).
-    tracked_ignored_changed: Arc<Notify>,
+    /// Tracked ignored paths found by this batch, by the scope they replace in the set.
+    tracked_ignored_found: Vec<(PathBuf, Vec<PathBuf>)>,
+    /// Tracked paths the rules ignore, as of the latest batch.
+    tracked_ignored: TrackedIgnored,
+    /// Each new set of them goes to the watch stage, which watches their directories.
+    tracked_ignored_tx: watch::Sender<Arc<TrackedIgnored>>,
     /// For attribute lookups ([`Stager::needs_git`]).
     attrs: Option<Repository>,
     /// Filter drivers configured with a `clean` or `process` command, re-read each batch.
@@ -88,8 +98,8 @@ impl Stager {
     pub fn new(
         repo: &Repository,
         workdir: &Path,
-        filter: Arc<RwLock<Filter>>,
-        tracked_ignored_changed: Arc<Notify>,
+        rules: Arc<Filter>,
+        tracked_ignored_tx: watch::Sender<Arc<TrackedIgnored>>,
         max_file_size: u64,
     ) -> Result<Self, StageError> {
         let on_disk = repo.path().join("index");
@@ -106,7 +116,7 @@ impl Stager {
         Ok(Self {
             workdir: workdir.to_owned(),
             index,
-            filter,
+            rules,
             max_file_size,
             skipped: Skipped::new(),
             index_written: on_disk.as_ref().map(|s| s.mtime),
@@ -115,8 +125,9 @@ impl Stager {
             touched: BTreeSet::new(),
             unwritten: BTreeSet::new(),
             store_failure: None,
-            tracked_ignored: Vec::new(),
-            tracked_ignored_changed,
+            tracked_ignored_found: Vec::new(),
+            tracked_ignored: TrackedIgnored::default(),
+            tracked_ignored_tx,
             attrs: Repository::open(workdir).ok(),
             drivers: Vec::new(),
         })
@@ -127,9 +138,22 @@ impl Stager {
         &self.skipped
     }
 
-    /// Applies `changes` to the in-memory index and returns the tree it describes. The index
-    /// file is not written ([`Stager::write_index`] does). Call it with the repo lock held.
-    pub fn stage(&mut self, repo: &Repository, changes: &Changes) -> Result<Oid, StageError> {
+    /// The rules of the batches that carry none, until one does.
+    pub fn set_rules(&mut self, rules: Arc<Filter>) {
+        self.rules = rules;
+    }
+
+    /// Applies `changes` to the in-memory index and returns the tree it describes, judging
+    /// paths by the batch's rules (else the latest batch's). With `walker`, subtrees are walked
+    /// with it instead (the start-up pass: it watches each directory and loads its rules on the
+    /// way down). The index file is not written ([`Stager::write_index`] does). Call it with the
+    /// repo lock held.
+    pub fn stage(
+        &mut self,
+        repo: &Repository,
+        changes: &Changes,
+        walker: Option<&mut dyn Dirs>,
+    ) -> Result<Oid, StageError> {
         let again = self.read_if_written_elsewhere()?;
         if self.tree.is_none() && !self.index.has_conflicts() {
             // The index's own tree cache (git keeps it whole) makes this cheap; the batch is
@@ -137,26 +161,29 @@ impl Stager {
             self.tree = self.index.write_tree().ok();
         }
         self.drivers = self.filter_drivers();
-        let shared = Arc::clone(&self.filter);
-        {
-            let filter = shared.read().unwrap_or_else(|e| e.into_inner());
-            let (subtrees, paths) = changes.minimal();
-            for dir in subtrees {
-                self.stage_subtree(dir, &filter);
-            }
-            for path in paths.into_iter().chain(again.iter().map(PathBuf::as_path)) {
-                self.stage_path(path, &filter);
-            }
+        if let Some(rules) = &changes.rules {
+            self.rules = Arc::clone(&rules.filter);
         }
-        if !self.tracked_ignored.is_empty() {
-            let mut filter = shared.write().unwrap_or_else(|e| e.into_inner());
-            let mut changed = false;
-            for (scope, paths) in self.tracked_ignored.drain(..) {
-                changed |= filter.set_tracked_ignored(&scope, paths);
-            }
-            if changed {
-                self.tracked_ignored_changed.notify_one();
-            }
+        let rules = Arc::clone(&self.rules);
+        let mut snapshot = scan::Snapshot(&rules);
+        let dirs: &mut dyn Dirs = match walker {
+            Some(walker) => walker,
+            None => &mut snapshot,
+        };
+        let (subtrees, paths) = changes.minimal();
+        for dir in subtrees {
+            self.stage_subtree(dir, dirs);
+        }
+        for path in paths.into_iter().chain(again.iter().map(PathBuf::as_path)) {
+            self.stage_path(path, dirs);
+        }
+        let mut changed = false;
+        for (scope, paths) in std::mem::take(&mut self.tracked_ignored_found) {
+            changed |= self.tracked_ignored.set(&scope, paths);
+        }
+        if changed {
+            self.tracked_ignored_tx
+                .send_replace(Arc::new(self.tracked_ignored.clone()));
         }
         if let Some((path, source)) = self.store_failure.take() {
             return Err(StageError::Store {
@@ -188,7 +215,7 @@ impl Stager {
             return Ok(false);
         }
         if self.written_elsewhere() {
-            self.stage(repo, &Changes::default())?;
+            self.stage(repo, &Changes::default(), None)?;
         }
         let err = |source| StageError::Index {
             dir: self.workdir.clone(),
@@ -276,9 +303,9 @@ impl Stager {
         self.unwritten.insert(rel.to_owned());
     }
 
-    fn stage_path(&mut self, rel: &Path, filter: &Filter) {
+    fn stage_path(&mut self, rel: &Path, dirs: &mut dyn Dirs) {
         if let Some(repo) = self.enclosing_repo(rel) {
-            return self.stage_path(&repo, filter);
+            return self.stage_path(&repo, dirs);
         }
         let held = self.held(rel);
         if held == Held::Frozen {
@@ -296,9 +323,10 @@ impl Stager {
         if meta.as_ref().is_some_and(Metadata::is_dir) {
             return match held {
                 Held::Gitlink => self.stage_gitlink(rel),
-                _ => self.stage_subtree(rel, filter),
+                _ => self.stage_subtree(rel, dirs),
             };
         }
+        let filter = dirs.rules();
         let kept = filter.is_kept(rel, false) && !filter.outside_sparse(rel, false);
         // Tracked files stay tracked and are updated even when an ignore rule matches them.
         let tracked = held != Held::No && !filter::is_always_ignored(rel);
@@ -311,9 +339,9 @@ impl Stager {
             }
             _ => self.remove(rel),
         }
-        if tracked || filter.holds_tracked_ignored(rel) {
+        if tracked || self.tracked_ignored.holds(rel) {
             let still = !kept && self.index_has(rel);
-            self.tracked_ignored.push((
+            self.tracked_ignored_found.push((
                 rel.to_owned(),
                 still.then(|| rel.to_owned()).into_iter().collect(),
             ));
@@ -322,16 +350,16 @@ impl Stager {
 
     /// Makes the index under `dir` what `git add -A` makes it: kept entries added or updated,
     /// tracked ones refreshed (ignored or not), the rest removed.
-    fn stage_subtree(&mut self, dir: &Path, filter: &Filter) {
+    fn stage_subtree(&mut self, dir: &Path, dirs: &mut dyn Dirs) {
         let top = dir.as_os_str().is_empty();
         if !top {
             if let Some(repo) = self.enclosing_repo(dir) {
-                return self.stage_path(&repo, filter);
+                return self.stage_path(&repo, dirs);
             }
             let abs = self.workdir.join(dir);
             match fs::symlink_metadata(&abs) {
                 Ok(meta) if meta.is_dir() => {}
-                _ => return self.stage_path_not_dir(dir, filter),
+                _ => return self.stage_path_not_dir(dir, dirs),
             }
             match self.held(dir) {
                 Held::Frozen => return,
@@ -339,39 +367,36 @@ impl Stager {
                 Held::File => self.remove_entry(dir),
                 Held::No => {}
             }
-            if !filter.is_kept(dir, true) {
+            if !dirs.rules().is_kept(dir, true) {
                 return self.refresh_tracked_under(dir);
             }
             if self.dir_in_index(dir) == DirInIndex::Untracked && scan::is_nested_repo(&abs) {
-                if filter.outside_sparse(dir, true) {
+                if dirs.rules().outside_sparse(dir, true) {
                     return;
                 }
                 return self.add_nested_repo(dir);
             }
         }
-        let (entries, unreadable) =
-            scan::kept_entries(&self.workdir, dir, filter, |d| self.dir_in_index(d));
+        let workdir = self.workdir.clone();
+        let mut found = Found {
+            stager: self,
+            kept: Reached::default(),
+            unreadable: Vec::new(),
+        };
+        scan::walk(&workdir, dir, true, dirs, &mut found);
+        let Found {
+            mut kept,
+            unreadable,
+            ..
+        } = found;
         let in_scope = |path: &Path| {
             (top || path.starts_with(dir)) && !unreadable.iter().any(|u| path.starts_with(u))
         };
-        let mut kept: HashSet<PathBuf> = HashSet::with_capacity(entries.len());
-        for (rel, kind) in entries {
-            match kind {
-                EntryKind::File(meta) => self.add_file(&rel, &meta, true),
-                EntryKind::NestedRepo => self.add_nested_repo(&rel),
-                EntryKind::Gitlink => self.stage_gitlink(&rel),
-            }
-            kept.insert(rel);
-        }
-        let rest: Vec<PathBuf> = self
-            .entries_under(dir)
-            .into_iter()
-            .filter(|path| in_scope(path) && !kept.contains(path))
-            .collect();
+        let rest = self.entries_under_where(dir, |path| in_scope(path) && !kept.contains(path));
         for path in &rest {
             self.refresh_entry(path);
+            kept.insert(path);
         }
-        kept.extend(rest.iter().cloned());
         self.note_tracked_ignored(dir, rest);
         self.skipped
             .retain(|path, _| !in_scope(path) || kept.contains(path));
@@ -384,7 +409,7 @@ impl Stager {
             .into_iter()
             .filter(|p| matches!(self.held(p), Held::File | Held::Gitlink))
             .collect();
-        self.tracked_ignored.push((scope.to_owned(), still));
+        self.tracked_ignored_found.push((scope.to_owned(), still));
     }
 
     /// An ignored directory: nothing new is added from it, but what is tracked in it is
@@ -486,9 +511,22 @@ impl Stager {
     /// Index paths under `dir` (all of them for the top), found by binary search: many small
     /// subtrees in one batch must not each cost a pass over the whole index.
     fn entries_under(&self, dir: &Path) -> Vec<PathBuf> {
-        let to_path = |entry: IndexEntry| PathBuf::from(OsStr::from_bytes(&entry.path));
+        self.entries_under_where(dir, |_| true)
+    }
+
+    /// The index paths under `dir` that `wanted` picks (only those are collected: a full
+    /// pass over 100k entries keeps none of the others).
+    fn entries_under_where(
+        &self,
+        dir: &Path,
+        mut wanted: impl FnMut(&Path) -> bool,
+    ) -> Vec<PathBuf> {
+        let picked = |entry: IndexEntry| {
+            let path = Path::new(OsStr::from_bytes(&entry.path));
+            wanted(path).then(|| path.to_owned())
+        };
         if dir.as_os_str().is_empty() {
-            return self.index.iter().map(to_path).collect();
+            return self.index.iter().filter_map(picked).collect();
         }
         let mut prefix = dir.as_os_str().as_bytes().to_vec();
         prefix.push(b'/');
@@ -498,15 +536,15 @@ impl Stager {
         (start..self.index.len())
             .map_while(|i| self.index.get(i))
             .take_while(|entry| entry.path.starts_with(&prefix))
-            .map(to_path)
+            .filter_map(picked)
             .collect()
     }
 
     /// A subtree root that is no longer a directory: stage it as a single path.
-    fn stage_path_not_dir(&mut self, rel: &Path, filter: &Filter) {
+    fn stage_path_not_dir(&mut self, rel: &Path, dirs: &mut dyn Dirs) {
         self.remove_dir_entries(rel);
         match fs::symlink_metadata(self.workdir.join(rel)) {
-            Ok(meta) if !meta.is_dir() => self.stage_path(rel, filter),
+            Ok(meta) if !meta.is_dir() => self.stage_path(rel, dirs),
             _ => self.remove(rel),
         }
     }
@@ -718,6 +756,57 @@ impl Stager {
         for path in self.entries_under(rel) {
             self.remove_entry(&path);
         }
+    }
+}
+
+/// The stage's side of a subtree walk: each kept entry is staged as the walk finds it (nothing
+/// per file is held but a hash of its path, to find the tracked paths the walk did not reach).
+struct Found<'a> {
+    stager: &'a mut Stager,
+    kept: Reached,
+    unreadable: Vec<PathBuf>,
+}
+
+/// The paths a walk reached, each as a 128-bit keyed hash (16 bytes a path instead of a
+/// path: 100k of them cost 2 MiB in one allocation). Taking an unreached path for a reached
+/// one needs two independently keyed SipHashes to collide at once.
+#[derive(Default)]
+struct Reached {
+    keys: (RandomState, RandomState),
+    seen: HashSet<u128>,
+}
+
+impl Reached {
+    fn hash(&self, path: &Path) -> u128 {
+        let bytes = path.as_os_str().as_bytes();
+        (u128::from(self.keys.0.hash_one(bytes)) << 64) | u128::from(self.keys.1.hash_one(bytes))
+    }
+
+    fn insert(&mut self, path: &Path) {
+        self.seen.insert(self.hash(path));
+    }
+
+    fn contains(&self, path: &Path) -> bool {
+        self.seen.contains(&self.hash(path))
+    }
+}
+
+impl Entries for Found<'_> {
+    fn in_index(&self, dir: &Path) -> DirInIndex {
+        self.stager.dir_in_index(dir)
+    }
+
+    fn found(&mut self, rel: PathBuf, kind: EntryKind) {
+        match kind {
+            EntryKind::File(meta) => self.stager.add_file(&rel, &meta, true),
+            EntryKind::NestedRepo => self.stager.add_nested_repo(&rel),
+            EntryKind::Gitlink => self.stager.stage_gitlink(&rel),
+        }
+        self.kept.insert(&rel);
+    }
+
+    fn unreadable(&mut self, dir: PathBuf) {
+        self.unreadable.push(dir);
     }
 }
 

@@ -9,26 +9,31 @@
 //!
 //! The inotify instance is the stage's own (`rustix`): a watch is one `inotify_add_watch`
 //! made on the walking thread, with no event-loop thread to ask and wait for per directory,
-//! and events are read from the descriptor by the stage's task.
+//! and events are read from the descriptor by the stage's task. At start-up the walk that
+//! watches is the first save's own ([`TreeWatcher::walker`], run by the save stage).
+//!
+//! The stage owns the ignore rules: each batch carries an immutable snapshot of them
+//! ([`Rules`]), taken after the events that changed them were handled.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::io;
 use std::mem::MaybeUninit;
+use std::ops::Bound;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
 use shmastra_contract::MANIFEST_FILE;
 use shmastra_contract::manifest::is_env_file_name;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::changes::Changes;
-use crate::filter::{ENV_FILE, Filter, RulesFile};
+use crate::filter::{ENV_FILE, Filter, RuleWarning, Rules, RulesFile, TrackedIgnored};
 use crate::scan;
 
 /// How often directories that could not be watched are scanned instead.
@@ -66,13 +71,15 @@ fn watch_mask() -> WatchFlags {
         | WatchFlags::MOVE_SELF
 }
 
-/// One inotify instance and the names its watches were added under. inotify watches inodes:
+/// One inotify instance and the names its watches were added under: a directory of the
+/// working tree by its relative path, a rules file outside it by its absolute path (one
+/// allocation per name, shared by both maps and the stage's set). inotify watches inodes:
 /// adding a watch on an inode already watched returns its descriptor, which then maps to
 /// the newest name (as a rename needs).
 struct Inotify {
     fd: AsyncFd<OwnedFd>,
-    names: HashMap<i32, PathBuf>,
-    watches: HashMap<PathBuf, i32>,
+    names: HashMap<i32, Arc<Path>>,
+    watches: HashMap<Arc<Path>, i32>,
 }
 
 impl Inotify {
@@ -90,11 +97,11 @@ impl Inotify {
         })
     }
 
-    fn watch(&mut self, abs: &Path) -> Result<(), WatchFailure> {
+    fn watch(&mut self, name: &Arc<Path>, abs: &Path) -> Result<(), WatchFailure> {
         match inotify::add_watch(self.fd.get_ref(), abs, watch_mask()) {
             Ok(wd) => {
-                self.names.insert(wd, abs.to_owned());
-                self.watches.insert(abs.to_owned(), wd);
+                self.names.insert(wd, Arc::clone(name));
+                self.watches.insert(Arc::clone(name), wd);
                 Ok(())
             }
             Err(rustix::io::Errno::NOSPC) => Err(WatchFailure::Limit),
@@ -103,8 +110,8 @@ impl Inotify {
         }
     }
 
-    fn unwatch(&mut self, abs: &Path) {
-        if let Some(wd) = self.watches.remove(abs) {
+    fn unwatch(&mut self, name: &Path) {
+        if let Some(wd) = self.watches.remove(name) {
             self.names.remove(&wd);
             let _ = inotify::remove_watch(self.fd.get_ref(), wd);
         }
@@ -165,20 +172,23 @@ enum Raw {
 pub struct TreeWatcher {
     workdir: PathBuf,
     git_dir: PathBuf,
-    filter: Arc<RwLock<Filter>>,
+    /// The ignore rules, owned here; a batch carries a snapshot.
+    rules: Rules,
     inotify: Inotify,
     /// Raw events handled one by one per read; more than this at once is a forced rescan.
     event_buffer: usize,
     /// Kept directories with a live watch, relative to the working tree.
-    watched: BTreeSet<PathBuf>,
+    watched: BTreeSet<Arc<Path>>,
     /// Kept directories the kernel refused a watch for.
-    unwatched: BTreeSet<PathBuf>,
+    unwatched: BTreeSet<Arc<Path>>,
     limit_reported: bool,
     /// From [`MAX_WATCHES_ENV`].
     max_watches: Option<usize>,
     problems: watch::Sender<Option<String>>,
-    /// The stage found tracked ignored paths appear or go: their directories are re-watched.
-    tracked_ignored_changed: Arc<Notify>,
+    /// Tracked paths the rules ignore, as the save stage last found them: their directories
+    /// are watched too.
+    tracked_ignored: Arc<TrackedIgnored>,
+    tracked_ignored_rx: watch::Receiver<Arc<TrackedIgnored>>,
     /// Where `.env` points when it is a symlink: edits there are edits to `.env`.
     env_target: Option<PathBuf>,
     /// `.git/info` or `core.excludesFile` did not exist when last watched.
@@ -186,20 +196,22 @@ pub struct TreeWatcher {
 }
 
 impl TreeWatcher {
-    /// Watches every kept directory (loading the ignore rules on the way down) plus the
-    /// repository's exclude files. Blocking: call it from `spawn_blocking`.
-    pub fn start(
+    /// The stage with the repository's exclude files watched and no directory yet: the first
+    /// save's walk ([`TreeWatcher::walker`]) watches them, or [`TreeWatcher::watch_all`] does.
+    /// Call it inside the tokio runtime (its reactor reads the inotify descriptor).
+    pub fn new(
         workdir: &Path,
         git_dir: &Path,
-        filter: Arc<RwLock<Filter>>,
+        filter: Filter,
         problems: watch::Sender<Option<String>>,
-        tracked_ignored_changed: Arc<Notify>,
+        tracked_ignored: watch::Receiver<Arc<TrackedIgnored>>,
         event_buffer: usize,
     ) -> Result<Self, WatchError> {
+        let tracked_now = Arc::clone(&*tracked_ignored.borrow());
         let mut this = Self {
             workdir: workdir.to_owned(),
             git_dir: git_dir.to_owned(),
-            filter,
+            rules: Rules::new(filter),
             inotify: Inotify::new().map_err(WatchError::Start)?,
             event_buffer: event_buffer.max(1),
             watched: BTreeSet::new(),
@@ -209,13 +221,19 @@ impl TreeWatcher {
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
             problems,
-            tracked_ignored_changed,
+            tracked_ignored: tracked_now,
+            tracked_ignored_rx: tracked_ignored,
             env_target: None,
             rule_files_absent: false,
         };
         this.watch_rule_files();
-        this.reconcile(Path::new(""));
         Ok(this)
+    }
+
+    /// Watches every kept directory (loading the ignore rules on the way down), when no
+    /// save walked for it. Blocking.
+    pub fn watch_all(&mut self) {
+        self.reconcile(Path::new(""));
     }
 
     /// How many directories have a watch (not counting the rule files').
@@ -223,18 +241,29 @@ impl TreeWatcher {
         self.watched.len()
     }
 
-    /// Forwards changes until `stop` fires or `out` closes, then drops every watch.
-    pub async fn run(mut self, out: mpsc::Sender<Changes>, mut stop: oneshot::Receiver<()>) {
+    /// The rules as they are now.
+    pub fn rules(&self) -> Rules {
+        self.rules.clone()
+    }
+
+    /// Forwards changes until `stop` fires or `out` closes, then drops every watch. Returns
+    /// the rules as they are at the end (the last save's).
+    pub async fn run(
+        mut self,
+        out: mpsc::Sender<Changes>,
+        mut stop: oneshot::Receiver<()>,
+    ) -> Rules {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
         let mut rescan = tokio::time::interval(UNWATCHED_RESCAN_EVERY);
         rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         rescan.reset();
+        let mut tracked_open = true;
         loop {
             let mut changes = Changes::default();
             tokio::select! {
-                _ = &mut stop => return,
+                _ = &mut stop => return self.rules,
                 ready = self.inotify.fd.readable() => {
-                    let Ok(mut guard) = ready else { return };
+                    let Ok(mut guard) = ready else { return self.rules };
                     let read = read_events(guard.get_inner(), &mut buf);
                     guard.clear_ready();
                     let events = self.resolve(read);
@@ -256,15 +285,24 @@ impl TreeWatcher {
                     let dirs = std::mem::take(&mut self.unwatched);
                     for dir in dirs {
                         self.reconcile(&dir);
-                        changes.subtrees.insert(dir);
+                        changes.subtrees.insert(dir.to_path_buf());
                     }
                 }
-                () = self.tracked_ignored_changed.notified() => {
-                    changes.subtrees.extend(self.reconcile(Path::new("")));
+                changed = self.tracked_ignored_rx.changed(), if tracked_open => {
+                    match changed {
+                        Ok(()) => {
+                            self.tracked_ignored = Arc::clone(&self.tracked_ignored_rx.borrow_and_update());
+                            changes.subtrees.extend(self.reconcile(Path::new("")));
+                        }
+                        Err(_) => tracked_open = false,
+                    }
                 }
             }
-            if !changes.is_empty() && out.send(changes).await.is_err() {
-                return;
+            if !changes.is_empty() {
+                changes.rules = Some(self.rules.clone());
+                if out.send(changes).await.is_err() {
+                    return self.rules;
+                }
             }
         }
     }
@@ -284,9 +322,11 @@ impl TreeWatcher {
             let Some(dir) = self.inotify.names.get(&wd) else {
                 continue;
             };
+            // A relative name is a directory of the working tree.
+            let dir = self.workdir.join(dir);
             let abs = match name {
                 Some(name) => dir.join(name),
-                None => dir.clone(),
+                None => dir,
             };
             // A directory removed or renamed away, or a name in a directory gone or moved.
             let gone = flags.intersects(
@@ -320,16 +360,16 @@ impl TreeWatcher {
                 return;
             }
         }
-        let rules = self.read_filter().rules_file(rel, abs);
+        let rules = self.rules.filter.rules_file(rel, abs);
         match rules {
             Some(RulesFile::Repo) => {
-                let warnings = self.write_filter().reload_repo_rules();
+                let warnings = self.rules.make_mut().reload_repo_rules();
                 report_rule_warnings(&warnings);
                 self.watch_rule_files();
                 return self.rescan_all(changes);
             }
             Some(RulesFile::Dir(dir)) => {
-                if self.watched.contains(&dir) || self.unwatched.contains(&dir) {
+                if self.watched.contains(dir.as_path()) || self.unwatched.contains(dir.as_path()) {
                     self.reconcile(&dir);
                     changes.subtrees.insert(dir);
                 }
@@ -344,7 +384,7 @@ impl TreeWatcher {
         if let Some(repo) = nested_repo_of(rel) {
             // A commit, checkout or clone in a nested repository, or its `.git` appearing or
             // going: the stage decides what the directory is now (gitlink or loose files).
-            if rel.parent() == Some(repo.as_path()) && self.watched.contains(&repo) {
+            if rel.parent() == Some(repo.as_path()) && self.watched.contains(repo.as_path()) {
                 self.reconcile(&repo);
                 changes.subtrees.insert(repo);
             } else {
@@ -369,12 +409,10 @@ impl TreeWatcher {
         }
         let meta = std::fs::symlink_metadata(abs).ok();
         let is_dir = meta.as_ref().is_some_and(|m| m.is_dir());
-        let (kept, watch_it) = {
-            let filter = self.read_filter();
-            let kept = filter.is_kept(rel, is_dir || was_watched) || filter.is_tracked_ignored(rel);
-            (kept, kept || filter.holds_tracked_ignored(rel))
-        };
-        if is_dir && watch_it {
+        let filter = &self.rules.filter;
+        let kept = filter.is_kept(rel, is_dir || was_watched) || self.tracked_ignored.contains(rel);
+        let holds_tracked = self.tracked_ignored.holds(rel);
+        if is_dir && (kept || holds_tracked) {
             if !self.watched.contains(rel) {
                 self.reconcile(rel);
                 changes.subtrees.insert(rel.to_owned());
@@ -384,7 +422,7 @@ impl TreeWatcher {
         if self.watched.contains(rel) || meta.is_none() {
             self.forget_below(rel);
         }
-        if kept || self.read_filter().holds_tracked_ignored(rel) {
+        if kept || holds_tracked {
             changes.paths.insert(rel.to_owned());
         }
     }
@@ -393,7 +431,7 @@ impl TreeWatcher {
     /// After an overflow the events that moved directories are lost, so every directory is
     /// watched again by name (see [`TreeWatcher::reconcile_with`]).
     fn rescan_all(&mut self, changes: &mut Changes) {
-        let warnings = self.write_filter().reload_repo_rules();
+        let warnings = self.rules.make_mut().reload_repo_rules();
         report_rule_warnings(&warnings);
         self.reconcile_with(Path::new(""), true);
         changes.merge(Changes::everything());
@@ -407,88 +445,107 @@ impl TreeWatcher {
     /// Each directory is watched before it is read, so nothing created meanwhile is missed.
     /// Returns the directories that got a watch they did not have.
     ///
-    /// inotify watches inodes, and notify maps each watch to the name it was added under:
-    /// `again` re-adds the watch of every directory (a directory whose inode moved to another
-    /// name gets its name right). Removing the watch of a name that is gone may remove the
-    /// watch its inode has under a new name too, so the directories watched in this pass are
-    /// watched once more after that.
+    /// inotify watches inodes, and a watch maps to the name it was added under: `again`
+    /// re-adds the watch of every directory (a directory whose inode moved to another name
+    /// gets its name right).
     fn reconcile_with(&mut self, dir: &Path, again: bool) -> Vec<PathBuf> {
-        let mut added = Vec::new();
-        let mut visited = Vec::new();
-        let mut warnings = Vec::new();
-        let filter = Arc::clone(&self.filter);
-        let mut filter = filter.write().unwrap_or_else(|e| e.into_inner());
-        let mut limit_hit = None;
-        let kept = scan::kept_dirs(&self.workdir, dir, &mut filter, &mut warnings, |rel| {
-            if self.watched.contains(rel) {
-                if again {
-                    let _ = self.inotify.watch(&self.workdir.join(rel));
-                    visited.push(rel.to_owned());
-                }
-                return;
-            }
-            self.unwatched.remove(rel);
-            let capped = self
-                .max_watches
-                .is_some_and(|cap| self.watched.len() >= cap);
-            let watched = if capped {
-                Err(WatchFailure::Limit)
-            } else {
-                self.inotify.watch(&self.workdir.join(rel))
-            };
-            match watched {
-                Ok(()) => {
-                    self.watched.insert(rel.to_owned());
-                    added.push(rel.to_owned());
-                    visited.push(rel.to_owned());
-                }
-                Err(WatchFailure::Limit) => {
-                    self.unwatched.insert(rel.to_owned());
-                    limit_hit.get_or_insert_with(|| rel.to_owned());
-                }
-                Err(WatchFailure::NotFound) => {}
-                Err(WatchFailure::Other(e)) => {
-                    tracing::warn!(dir = %rel.display(), "cannot watch directory, it is rescanned periodically instead: {e}");
-                    self.unwatched.insert(rel.to_owned());
-                }
-            }
-        });
-        let kept: BTreeSet<PathBuf> = kept.into_iter().collect();
-        let gone: Vec<PathBuf> = self.subtree_of(dir).filter(|w| !kept.contains(w)).collect();
-        for path in &gone {
-            self.unwatch(path);
-            filter.forget_below(path);
+        let workdir = self.workdir.clone();
+        let mut walker = self.walker(dir, again);
+        scan::walk(&workdir, dir, false, &mut walker, &mut scan::NoEntries);
+        walker.finish()
+    }
+
+    /// The directory side of a walk from `dir` that makes the watches under it exactly its
+    /// kept directories and loads their rules ([`scan::walk`], then [`Walker::finish`]); the
+    /// start-up save walks with [`TreeWatcher::start_walker`].
+    fn walker(&mut self, dir: &Path, again: bool) -> Walker<'_> {
+        self.walker_with(dir, again, true)
+    }
+
+    /// The walker of the start-up pass (every watch is new: none is reported as added).
+    pub fn start_walker(&mut self) -> Walker<'_> {
+        self.walker_with(Path::new(""), false, false)
+    }
+
+    fn walker_with(&mut self, dir: &Path, again: bool, report_added: bool) -> Walker<'_> {
+        // One new version of the rules for the whole walk.
+        self.rules.make_mut();
+        Walker {
+            watcher: self,
+            start: dir.to_owned(),
+            again,
+            kept: HashSet::new(),
+            entered: false,
+            state: WalkState {
+                report_added,
+                added: Vec::new(),
+                visited: Vec::new(),
+                limit_hit: None,
+            },
+            warnings: Vec::new(),
         }
-        if !gone.is_empty() {
-            for rel in &visited {
-                let _ = self.inotify.watch(&self.workdir.join(rel));
+    }
+
+    /// Watches one kept directory (or re-adds its watch, `again`); returns the name it is
+    /// known by when it is watched or waits for a watch.
+    fn watch_dir(&mut self, rel: &Path, again: bool, walk: &mut WalkState) -> Option<Arc<Path>> {
+        if let Some(name) = self.watched.get(rel).cloned() {
+            if again {
+                let _ = self.inotify.watch(&name, &self.workdir.join(rel));
+                walk.visited.push(Arc::clone(&name));
+            }
+            return Some(name);
+        }
+        self.unwatched.remove(rel);
+        let name: Arc<Path> = Arc::from(rel);
+        let capped = self
+            .max_watches
+            .is_some_and(|cap| self.watched.len() >= cap);
+        let watched = if capped {
+            Err(WatchFailure::Limit)
+        } else {
+            self.inotify.watch(&name, &self.workdir.join(rel))
+        };
+        match watched {
+            Ok(()) => {
+                self.watched.insert(Arc::clone(&name));
+                if walk.report_added {
+                    walk.added.push(rel.to_owned());
+                }
+                walk.visited.push(Arc::clone(&name));
+            }
+            Err(WatchFailure::Limit) => {
+                self.unwatched.insert(Arc::clone(&name));
+                walk.limit_hit.get_or_insert_with(|| rel.to_owned());
+            }
+            Err(WatchFailure::NotFound) => return None,
+            Err(WatchFailure::Other(e)) => {
+                tracing::warn!(dir = %rel.display(), "cannot watch directory, it is rescanned periodically instead: {e}");
+                self.unwatched.insert(Arc::clone(&name));
             }
         }
-        drop(filter);
-        report_rule_warnings(&warnings);
-        if let Some(first) = limit_hit {
-            self.watch_limit_reached(Some(&self.workdir.join(first)));
-        }
-        added
+        Some(name)
     }
 
     /// A directory that was removed, renamed away or became ignored: drop its watches and
     /// those of everything under it (inotify already dropped the ones of removed inodes).
     fn forget_below(&mut self, rel: &Path) {
-        let below: Vec<PathBuf> = self.subtree_of(rel).collect();
+        let below: Vec<Arc<Path>> = self.subtree_of(rel).collect();
         for path in below {
             self.unwatch(&path);
         }
-        self.write_filter().forget_below(rel);
+        if self.rules.filter.has_rules_below(rel) {
+            self.rules.make_mut().forget_below(rel);
+        }
     }
 
     /// Watched and unwatched directories at or below `dir`. Paths order by components, so a
     /// subtree is one contiguous range of each set: no walk over every watch.
-    fn subtree_of<'a>(&'a self, dir: &'a Path) -> impl Iterator<Item = PathBuf> + 'a {
+    fn subtree_of<'a>(&'a self, dir: &'a Path) -> impl Iterator<Item = Arc<Path>> + 'a {
         [&self.watched, &self.unwatched]
             .into_iter()
             .flat_map(move |set| {
-                set.range(dir.to_owned()..)
+                set.range::<Path, _>((Bound::Included(dir), Bound::Unbounded))
                     .take_while(move |w| w.starts_with(dir))
                     .cloned()
             })
@@ -496,7 +553,7 @@ impl TreeWatcher {
 
     fn unwatch(&mut self, rel: &Path) {
         if self.watched.remove(rel) {
-            self.inotify.unwatch(&self.workdir.join(rel));
+            self.inotify.unwatch(rel);
         }
         self.unwatched.remove(rel);
     }
@@ -506,7 +563,8 @@ impl TreeWatcher {
     fn rule_files_missing(&self) -> bool {
         !self.git_dir.join("info").is_dir()
             || self
-                .read_filter()
+                .rules
+                .filter
                 .excludes_file()
                 .is_some_and(|f| !f.exists())
     }
@@ -515,7 +573,7 @@ impl TreeWatcher {
     /// a change re-reads the rules (or the manifest).
     fn watch_rule_files(&mut self) {
         let info = self.git_dir.join("info");
-        let excludes = self.read_filter().excludes_file().map(Path::to_owned);
+        let excludes = self.rules.filter.excludes_file().map(Path::to_owned);
         let env = self.workdir.join(ENV_FILE);
         self.env_target = std::fs::symlink_metadata(&env)
             .is_ok_and(|m| m.file_type().is_symlink())
@@ -526,7 +584,7 @@ impl TreeWatcher {
         for path in std::iter::once(info).chain(excludes).chain(env_target) {
             if path.exists() {
                 self.inotify.unwatch(&path);
-                match self.inotify.watch(&path) {
+                match self.inotify.watch(&Arc::from(path.as_path()), &path) {
                     Ok(()) => {}
                     Err(WatchFailure::Limit) => {
                         tracing::warn!(path = %path.display(), "cannot watch ignore rules file (the watch limit is reached); edits to it apply at the next rescan")
@@ -541,11 +599,10 @@ impl TreeWatcher {
     }
 
     fn watch_limit_reached(&mut self, at: Option<&Path>) {
-        if let Some(path) = at
-            && let Ok(rel) = path.strip_prefix(&self.workdir)
+        if let Some(rel) = at
             && !self.watched.contains(rel)
         {
-            self.unwatched.insert(rel.to_owned());
+            self.unwatched.insert(Arc::from(rel));
         }
         if self.limit_reported {
             return;
@@ -569,13 +626,106 @@ impl TreeWatcher {
         tracing::error!("{message}");
         self.problems.send_replace(Some(message));
     }
+}
 
-    fn read_filter(&self) -> std::sync::RwLockReadGuard<'_, Filter> {
-        self.filter.read().unwrap_or_else(|e| e.into_inner())
+/// What one watching walk has done so far.
+struct WalkState {
+    /// Whether `added` is wanted (not at start-up, where every watch is new).
+    report_added: bool,
+    added: Vec<PathBuf>,
+    visited: Vec<Arc<Path>>,
+    limit_hit: Option<PathBuf>,
+}
+
+/// The watch stage's side of a walk ([`scan::Dirs`]): each directory is watched and its
+/// `.gitignore` loaded before it is read.
+pub struct Walker<'a> {
+    watcher: &'a mut TreeWatcher,
+    start: PathBuf,
+    again: bool,
+    /// Directories the walk entered (and nested repositories' `.git`) that are watched or
+    /// wait for a watch, by the name the stage keeps (no copy of the path).
+    kept: HashSet<Arc<Path>>,
+    /// Whether the walk entered a directory.
+    entered: bool,
+    state: WalkState,
+    warnings: Vec<RuleWarning>,
+}
+
+impl scan::Dirs for Walker<'_> {
+    fn rules(&self) -> &Filter {
+        &self.watcher.rules.filter
     }
 
-    fn write_filter(&self) -> std::sync::RwLockWriteGuard<'_, Filter> {
-        self.filter.write().unwrap_or_else(|e| e.into_inner())
+    fn enter(&mut self, dir: &Path, git_dir: bool) {
+        self.entered = true;
+        if let Some(name) = self.watcher.watch_dir(dir, self.again, &mut self.state) {
+            self.kept.insert(name);
+        }
+        if !git_dir {
+            // `walker` made the rules this stage's own for the walk: no copy here.
+            let filter = Arc::make_mut(&mut self.watcher.rules.filter);
+            self.warnings.extend(filter.load_dir(dir));
+        }
+    }
+
+    fn watching(&self) -> bool {
+        true
+    }
+
+    fn holds_tracked_ignored(&self, dir: &Path) -> bool {
+        self.watcher.tracked_ignored.holds(dir)
+    }
+}
+
+impl Walker<'_> {
+    /// Whether the walk entered its first directory (a save that failed before walking did not).
+    pub fn walked(&self) -> bool {
+        self.entered
+    }
+
+    /// Drops the watches of directories under the walk's start that it no longer found kept,
+    /// and reports what the walk met. Returns the directories that got a watch they did not
+    /// have.
+    ///
+    /// Removing the watch of a name that is gone may remove the watch its inode has under a
+    /// new name too, so the directories watched in this walk are watched once more after that.
+    pub fn finish(self) -> Vec<PathBuf> {
+        let Walker {
+            watcher,
+            start,
+            kept,
+            state:
+                WalkState {
+                    added,
+                    visited,
+                    limit_hit,
+                    ..
+                },
+            warnings,
+            ..
+        } = self;
+        let gone: Vec<Arc<Path>> = watcher
+            .subtree_of(&start)
+            .filter(|w| !kept.contains(w))
+            .collect();
+        for path in &gone {
+            watcher.unwatch(path);
+        }
+        if !gone.is_empty() {
+            let filter = Arc::make_mut(&mut watcher.rules.filter);
+            for path in &gone {
+                filter.forget_below(path);
+            }
+            for name in &visited {
+                let _ = watcher.inotify.watch(name, &watcher.workdir.join(name));
+            }
+        }
+        report_rule_warnings(&warnings);
+        if let Some(first) = limit_hit {
+            watcher.watch_limit_reached(Some(&first));
+        }
+        added
     }
 }
 

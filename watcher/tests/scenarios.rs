@@ -147,6 +147,52 @@ fn gitignore_edits_add_and_remove_directories() {
     );
 }
 
+/// The rules travel with each batch (the watch stage's snapshot): a batch that edits a rule
+/// is saved by the new rule, even when the files it ignores came first.
+#[test]
+fn a_batch_that_edits_a_rule_is_saved_by_the_new_rule() {
+    let repo = Repo::new();
+    repo.write("keep.txt", "kept");
+    let mut config = repo.config();
+    // Long enough for every write below to fall into one batch.
+    config.debounce = Duration::from_millis(800);
+    let _daemon = Daemon::start(&repo, config);
+    let commits = repo.commit_count();
+
+    // The ignored files come first, the rule that ignores them last, all in one batch.
+    repo.write("gen/out.txt", "generated");
+    repo.write("gen/deep/more.txt", "generated");
+    repo.write("app.log", "log");
+    repo.write("second.txt", "second");
+    let exclude = repo.path(".git/info/exclude");
+    let mut text = fs::read_to_string(&exclude).unwrap();
+    text.push_str("*.log\n");
+    fs::write(&exclude, text).unwrap();
+    repo.write(".gitignore", "gen/\n");
+    repo.wait_saved();
+    let paths = repo.head_paths();
+    assert!(paths.contains(&"second.txt".to_owned()), "{paths:?}");
+    assert!(paths.contains(&".gitignore".to_owned()), "{paths:?}");
+    for ignored in ["gen/out.txt", "gen/deep/more.txt", "app.log"] {
+        assert!(!paths.contains(&ignored.to_owned()), "{ignored}: {paths:?}");
+    }
+    assert_eq!(repo.commit_count(), commits + 1, "one batch, one commit");
+
+    // Lifting the rule in a batch saves what it ignored, by the lifted rule.
+    repo.write("gen/out.txt", "generated again");
+    repo.write(".gitignore", "");
+    repo.wait_saved();
+    let paths = repo.head_paths();
+    for now_kept in ["gen/out.txt", "gen/deep/more.txt"] {
+        assert!(
+            paths.contains(&now_kept.to_owned()),
+            "{now_kept}: {paths:?}"
+        );
+    }
+    assert!(!paths.contains(&"app.log".to_owned()), "{paths:?}");
+    assert_eq!(repo.commit_count(), commits + 2);
+}
+
 #[test]
 fn nested_gitignore_and_exclude_file_rules_apply() {
     let repo = Repo::new();
