@@ -179,7 +179,7 @@ where
             }
             continue;
         };
-        for (rel, file_type) in listing {
+        for (rel, file_type, entry) in listing {
             if file_type.is_dir() {
                 if !dir.as_os_str().is_empty() && rel.file_name().is_some_and(|n| n == ".git") {
                     if watching {
@@ -209,7 +209,7 @@ where
                 // Tracked files outside a sparse checkout are refreshed from the index.
                 if !rules.is_ignored(&rel, false)
                     && !rules.outside_sparse(&rel, false)
-                    && let Ok(meta) = fs::symlink_metadata(workdir.join(&rel))
+                    && let Ok(meta) = entry.metadata()
                 {
                     entries.found(rel, EntryKind::File(meta));
                 }
@@ -221,7 +221,10 @@ where
 /// The entries of one directory with their type as `readdir` gives it (no `lstat` on the file
 /// systems that fill `d_type`); a directory that vanished yields nothing (its removal arrives
 /// as an event of its own), one that cannot be read `None`.
-fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, FileType)>> {
+///
+/// Each entry keeps its `DirEntry`, whose `metadata` is an `lstat` relative to the open
+/// directory: the kernel resolves one name, not the whole path again.
+fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, FileType, fs::DirEntry)>> {
     let entries = match fs::read_dir(workdir.join(dir)) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Some(Vec::new()),
@@ -234,7 +237,7 @@ fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, FileType)>> {
         .flatten()
         .filter_map(|entry| {
             let file_type = entry.file_type().ok()?;
-            Some((dir.join(entry.file_name()), file_type))
+            Some((dir.join(entry.file_name()), file_type, entry))
         })
         .collect();
     Some(entries)
