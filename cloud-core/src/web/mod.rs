@@ -472,6 +472,7 @@ impl<H: ProjectPages> Web<H> {
         if lifecycle.provider().connect(&user).await.is_err() {
             return;
         }
+        // A failed sync is in the status (the page shows it); only a lost sandbox is more.
         if let Err(e) = lifecycle.sync(&user).await {
             tracing::warn!(user = %user, error = %e, "sync after an external push failed");
         }
