@@ -328,8 +328,14 @@ fn app_with_children(
                     dir: dir.clone(),
                     source,
                 })?;
-            page = workspace(history, config.signer.clone(), &config.web, listen)
-                .map_err(sandboxes_dir)?;
+            page = workspace(
+                history,
+                config.signer.clone(),
+                &config.web,
+                listen,
+                shared.store.clone(),
+            )
+            .map_err(sandboxes_dir)?;
             Arc::new(upstream)
         }
         UpstreamChoice::GitLab(gitlab_config) => {
@@ -337,8 +343,14 @@ fn app_with_children(
                 GitLab::new(gitlab_config).map_err(|e| ServeError::GitLab(e.to_string()))?;
             tracing::info!(api_url = %gitlab_config.api_url, "upstream: GitLab");
             gitlab_client = Some(gitlab.clone());
-            page = workspace(gitlab.clone(), config.signer.clone(), &config.web, listen)
-                .map_err(sandboxes_dir)?;
+            page = workspace(
+                gitlab.clone(),
+                config.signer.clone(),
+                &config.web,
+                listen,
+                shared.store.clone(),
+            )
+            .map_err(sandboxes_dir)?;
             let upstream = HttpUpstream::new(
                 Arc::new(gitlab),
                 "oauth2",

@@ -11,7 +11,9 @@ use cloud_core::StatusSink;
 use cloud_core::UserId;
 use cloud_core::store::memory::MemoryStore;
 use cloud_core::store::postgres::{PostgresStore, pool};
-use cloud_core::store::{FinishedRun, REMEMBERED_PUSHES_PER_USER, Store, StoreStatusSink};
+use cloud_core::store::{
+    FinishedRun, REMEMBERED_PUSHES_PER_USER, Store, StoreStatusSink, USED_NONCE_MARGIN,
+};
 use cloud_core::{ProvisionStep, SandboxStatus, SyncFailure, SyncOutcome};
 use testkit::postgres::Postgres;
 use testkit::wait::until_async;
@@ -97,6 +99,7 @@ suite!(
     statuses_are_read_and_followed_from_every_replica,
     token_generations_move_forward_per_user,
     a_status_sink_writes_every_change_in_order,
+    a_sign_in_nonce_is_spent_once_across_replicas,
 );
 
 async fn events_during_a_run_give_exactly_one_more_run_with_the_newest_push(r: Replicas) {
@@ -391,4 +394,32 @@ async fn a_status_sink_writes_every_change_in_order(r: Replicas) {
         },
     )
     .await;
+}
+
+async fn a_sign_in_nonce_is_spent_once_across_replicas(r: Replicas) {
+    let now = SystemTime::now();
+    let later = now + Duration::from_secs(900);
+    assert!(r.a.spend_link_nonce("n1".into(), later).await.unwrap());
+    assert!(
+        !r.b.spend_link_nonce("n1".into(), later).await.unwrap(),
+        "spent on a"
+    );
+    assert!(!r.a.spend_link_nonce("n1".into(), later).await.unwrap());
+    assert!(r.b.spend_link_nonce("n2".into(), later).await.unwrap());
+    // A link that expired longer than the margin ago is forgotten (it is refused as expired
+    // before its nonce is asked for); one within the margin is kept.
+    let long_ago = now - USED_NONCE_MARGIN - Duration::from_secs(60);
+    let lately = now - Duration::from_secs(60);
+    assert!(r.a.spend_link_nonce("old".into(), long_ago).await.unwrap());
+    assert!(r.a.spend_link_nonce("recent".into(), lately).await.unwrap());
+    assert!(r.b.spend_link_nonce("n3".into(), later).await.unwrap());
+    assert!(
+        r.b.spend_link_nonce("old".into(), long_ago).await.unwrap(),
+        "forgotten"
+    );
+    assert!(
+        !r.b.spend_link_nonce("recent".into(), lately).await.unwrap(),
+        "kept until the margin passed"
+    );
+    assert!(!r.a.spend_link_nonce("n2".into(), later).await.unwrap());
 }

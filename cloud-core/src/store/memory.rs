@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{
     Claim, FinishedRun, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
-    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreFuture,
+    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreFuture, USED_NONCE_MARGIN,
 };
 use crate::UserId;
 use crate::event::ExternalPush;
@@ -34,6 +34,7 @@ struct State {
     pushes: HashMap<UserId, VecDeque<(String, String, Instant)>>,
     deliveries: HashMap<String, Instant>,
     statuses: HashMap<String, (SandboxStatus, SystemTime)>,
+    nonces: HashMap<String, SystemTime>,
     generations: HashMap<UserId, (u64, i64)>,
     next_version: i64,
 }
@@ -223,6 +224,15 @@ impl Store for MemoryStore {
 
     fn status_changes(&self) -> broadcast::Receiver<StatusChange> {
         self.changes.subscribe()
+    }
+
+    fn spend_link_nonce(&self, nonce: String, expires: SystemTime) -> StoreFuture<'_, bool> {
+        let now = SystemTime::now();
+        let mut state = self.lock();
+        state
+            .nonces
+            .retain(|_, until| *until + USED_NONCE_MARGIN > now);
+        ready(state.nonces.insert(nonce, expires).is_none())
     }
 
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {

@@ -2,9 +2,10 @@
 //! [`memory::MemoryStore`] (in-process, one replica, nothing to install) and
 //! [`postgres::PostgresStore`] (PostgreSQL, any number of replicas).
 //!
-//! It holds the sync jobs (one row per user: coalesced, leased, claimed oldest first), the
-//! branch updates the proxy saw (for the webhook's de-duplication), the webhook deliveries
-//! already handled, each sandbox's status with the time of its change, and each user's project
+//! It holds the sync jobs (one row per user: coalesced, leased, claimed oldest first, with
+//! the outcome of the last run), the branch updates the proxy saw (for the webhook's
+//! de-duplication), the webhook deliveries already handled, each sandbox's status with the
+//! time of its change, the nonces of sign-in links already used, and each user's project
 //! token generation. [`jobs::SyncJobs`] runs a command per job on top of it; [`StoreStatusSink`]
 //! and [`generations::StoreGenerations`] plug it into orchestration and token checks.
 
@@ -33,6 +34,9 @@ pub const REMEMBERED_PUSHES_PER_USER: usize = 64;
 pub const REMEMBERED_PUSH_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How long a handled webhook delivery id is remembered.
 pub const REMEMBERED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long past its link's expiry a used sign-in nonce is kept: a replica whose clock is
+/// behind the database's by less than this still finds it.
+pub const USED_NONCE_MARGIN: Duration = Duration::from_secs(3600);
 /// How many status changes a follower may fall behind before it misses some (it then reads
 /// [`Store::status`] again).
 pub const STATUS_CHANGES_BUFFER: usize = 1024;
@@ -133,6 +137,10 @@ pub trait Store: Send + Sync + 'static {
     /// Status changes from now on, made by any replica (PostgreSQL: seen within a poll
     /// interval).
     fn status_changes(&self) -> broadcast::Receiver<StatusChange>;
+
+    /// Spends a sign-in link's nonce: `true` the first time, `false` when any replica spent it
+    /// before. Kept until [`USED_NONCE_MARGIN`] past `expires` (the link's expiry).
+    fn spend_link_nonce(&self, nonce: String, expires: SystemTime) -> StoreFuture<'_, bool>;
 
     /// The user's project token generation (0: never revoked).
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64>;

@@ -12,7 +12,8 @@ use tokio::sync::broadcast;
 
 use super::{
     Claim, FinishedRun, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
-    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreError, StoreFuture, from_millis,
+    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreError, StoreFuture, USED_NONCE_MARGIN,
+    from_millis,
 };
 use crate::UserId;
 use crate::event::ExternalPush;
@@ -22,6 +23,10 @@ use crate::orchestrate::{SandboxStatus, SyncOutcome};
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/0001_shared_state.sql")),
     (2, include_str!("../../migrations/0002_sync_outcomes.sql")),
+    (
+        3,
+        include_str!("../../migrations/0003_used_link_nonces.sql"),
+    ),
 ];
 
 /// How often a replica looks for status changes other replicas made.
@@ -467,6 +472,32 @@ impl Store for PostgresStore {
 
     fn status_changes(&self) -> broadcast::Receiver<StatusChange> {
         self.changes.subscribe()
+    }
+
+    fn spend_link_nonce(&self, nonce: String, expires: SystemTime) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let expires = expires
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, millis);
+            let mut client = self.pool.get().await.map_err(unavailable)?;
+            let tx = client.transaction().await.map_err(query_error)?;
+            tx.execute(
+                "DELETE FROM used_link_nonces WHERE expires_at < shmastra_now_ms() - $1",
+                &[&millis(USED_NONCE_MARGIN)],
+            )
+            .await
+            .map_err(query_error)?;
+            let inserted = tx
+                .execute(
+                    "INSERT INTO used_link_nonces (nonce, expires_at) VALUES ($1, $2)
+                     ON CONFLICT (nonce) DO NOTHING",
+                    &[&nonce, &expires],
+                )
+                .await
+                .map_err(query_error)?;
+            tx.commit().await.map_err(query_error)?;
+            Ok(inserted == 1)
+        })
     }
 
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {
