@@ -1,7 +1,8 @@
 //! The workspace page on two `shmastra-cloud serve` replicas (the real binary) over one real
 //! PostgreSQL and one embedded upstream: replica A runs the sandboxes, replica B only serves
 //! pages. A sign-in link works once across both; a status A sets (the sandbox coming up, a
-//! failed sync with its step and tail) shows on B's page and arrives on B's event stream.
+//! failed sync with its step and tail) shows on B's page and arrives on B's event stream; with
+//! the database down a link is refused with 503 and stays unspent for when it is back.
 
 mod common;
 
@@ -200,6 +201,28 @@ fn two_replicas_share_sign_in_links_and_statuses() {
         page.contains("No matching version found for left-pad@9.9.9"),
         "{page}"
     );
+
+    // The database down: a link cannot be spent, so it is refused (503) and still works later.
+    db.stop();
+    let link = a.link("alice", "15m");
+    let (status, _, body) = open_on(&link, &a.serve, &b);
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("not possible right now"), "{body}");
+    db.start_server();
+    testkit::wait::until_seen(
+        DEADLINE,
+        "the link to sign in once the database is back",
+        || {
+            let (status, _, body) = open_on(&link, &a.serve, &b);
+            if status == StatusCode::OK {
+                Ok(())
+            } else {
+                Err((status, body))
+            }
+        },
+    );
+    let (status, _, _) = open_on(&link, &a.serve, &a.serve);
+    assert_eq!(status, StatusCode::GONE, "spent once the database was back");
     drop(b);
     drop(a);
 }
