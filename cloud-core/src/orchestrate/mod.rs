@@ -558,7 +558,8 @@ impl<H: ProjectHost> Orchestrator<H> {
             .ok_or_else(|| gone(sandbox).into())
     }
 
-    /// One sync run. `Err` only when the sandbox is gone; every other outcome is a status.
+    /// One sync run. `Err` only when the sandbox is gone; every other outcome is returned, and
+    /// set as the status.
     async fn sync_once<S: Sandbox>(
         &self,
         sandbox: &S,
