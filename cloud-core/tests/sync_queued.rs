@@ -98,6 +98,13 @@ fn sandbox(home: &Path) -> (LocalSandbox, String) {
     (sandbox, head)
 }
 
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 fn push(n: u32) -> ExternalPush {
     ExternalPush {
         user: UserId::parse("alice").unwrap(),
@@ -129,11 +136,16 @@ async fn triggers_from_two_replicas_coalesce(store_a: Arc<dyn Store>, store_b: A
         .await;
         std::fs::write(home.path().join("fail"), "").unwrap();
         tokio::join!(
-            b.sync_queued(&*store_b, &sandbox, push(2), &statuses, LEASE),
+            async {
+                let outcome = b
+                    .sync_queued(&*store_b, &sandbox, push(2), &statuses, LEASE)
+                    .await;
+                (outcome, now_ns())
+            },
             a.sync_queued(&*store_a, &sandbox, push(3), &statuses, LEASE)
         )
     };
-    let (first, (b1, a2)) = tokio::join!(first, others);
+    let (first, ((b1, b1_returned), a2)) = tokio::join!(first, others);
     assert_eq!(
         first.unwrap(),
         SyncOutcome::Synced { commit: Some(head) },
@@ -166,6 +178,10 @@ async fn triggers_from_two_replicas_coalesce(store_a: Arc<dyn Store>, store_b: A
         "two runs, one after the other: {runs}"
     );
     assert!(times.windows(2).all(|w| w[0].1 <= w[1].1));
+    // b learns the outcome from the store: within a poll (200 ms) and a query of the run's end.
+    let learned = Duration::from_nanos((b1_returned - times[3].1) as u64);
+    eprintln!("b had the outcome of the run that covered its trigger {learned:?} after it ended");
+    assert!(learned < Duration::from_secs(2), "{learned:?}");
     assert_eq!(
         statuses.0.lock().unwrap().clone(),
         [
