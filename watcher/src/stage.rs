@@ -592,8 +592,10 @@ impl Stager {
             git2::AttrValue::String(value) => Some(value.to_owned()),
             _ => None,
         };
+        // With no driver configured, no `filter` attribute can name one: one lookup, not two.
         attr("working-tree-encoding").is_some()
-            || attr("filter").is_some_and(|driver| self.drivers.contains(&driver))
+            || (!self.drivers.is_empty()
+                && attr("filter").is_some_and(|driver| self.drivers.contains(&driver)))
     }
 
     /// Stores what `git hash-object` stores for this path (it runs the filters git would) as
