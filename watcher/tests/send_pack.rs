@@ -640,7 +640,7 @@ fn generated_edit_commit_push_sessions_leave_a_complete_remote_with_the_local_tr
     runner
         .run(&prop::collection::vec(step(), 1..14), |steps| {
             // Cases alternate between a remote over HTTP and a path remote.
-            let w = if started.replace(started.get() + 1) % 2 == 0 {
+            let w = if started.replace(started.get() + 1).is_multiple_of(2) {
                 World::new()
             } else {
                 World::path()
