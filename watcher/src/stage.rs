@@ -94,7 +94,7 @@ impl Stager {
     ) -> Result<Self, StageError> {
         let on_disk = repo.path().join("index");
         let on_disk = FileStamp::of(&on_disk);
-        let index = match repo.index() {
+        let mut index = match repo.index() {
             Ok(index) => Ok(index),
             Err(e) if sparse::expand(workdir) => repo.index().map_err(|_| e),
             Err(e) => Err(e),
@@ -103,6 +103,12 @@ impl Stager {
             dir: workdir.to_owned(),
             source,
         })?;
+        // Attribute lookups that fall back to the index (`.gitattributes` not on disk) see the
+        // index being staged, as git's do, rather than the file as it was at their first use,
+        // which they would read a second time (10 MB at 100k files: a third of the first edit).
+        let attrs = Repository::open(workdir)
+            .ok()
+            .filter(|attrs| attrs.set_index(&mut index).is_ok());
         Ok(Self {
             workdir: workdir.to_owned(),
             index,
@@ -117,7 +123,7 @@ impl Stager {
             store_failure: None,
             tracked_ignored: Vec::new(),
             tracked_ignored_changed,
-            attrs: Repository::open(workdir).ok(),
+            attrs,
             drivers: Vec::new(),
         })
     }
