@@ -7,7 +7,9 @@
 //! - **orchestration**: [`Orchestrator`] (`provision`, `begin_restore`/`finish_restore`,
 //!   `sync`, `with_watcher_stopped`, `backfill`, `history`, `restore_to`) over a
 //!   [`Sandbox`], reporting [`SandboxStatus`] changes (a failed sync is
-//!   [`SandboxStatus::Broken`] with a [`SyncFailure`]) to a [`StatusSink`]; [`Lifecycle`]
+//!   [`SandboxStatus::Broken`] with a [`SyncFailure`]) to a [`StatusSink`]; `sync` returns
+//!   the [`SyncOutcome`] of the run that covered the call (synced with its commit, or failed
+//!   with the [`SyncFailure`]), `sync_queued` the same across replicas; [`Lifecycle`]
 //!   adds re-provisioning of lost sandboxes from a [`SandboxProvider`] under a
 //!   [`RecoveryPolicy`];
 //! - **sandboxes**: the [`Sandbox`] trait (run a command, read and write files),
@@ -36,7 +38,8 @@
 //!
 //! use cloud_core::{
 //!     EmbeddedUpstream, ExternalPush, LocalSandbox, Orchestrator, Persistence, Proxy,
-//!     ProxyLimits, SandboxLayout, SandboxStatus, SecretValue, StatusSink, TokenSigner, UserId,
+//!     ProxyLimits, SandboxLayout, SandboxStatus, SecretValue, StatusSink, SyncOutcome,
+//!     TokenSigner, UserId,
 //! };
 //!
 //! /// Where statuses go: the backend's database; here, the log.
@@ -77,8 +80,14 @@
 //! // Ask the user for `plan.secret_names()`, then:
 //! let form = vec![("OPENAI_API_KEY".to_owned(), SecretValue::new("sk-...".to_owned()))];
 //! orchestrator.finish_restore(&sandbox, &plan, form).await?;
-//! // After an external push:
-//! orchestrator.sync(&sandbox, &alice, &Statuses).await;
+//! // After an external push (pushes during a sync coalesce into one more run; each caller
+//! // gets the outcome of the run that covered it):
+//! match orchestrator.sync(&sandbox, &alice, &Statuses).await {
+//!     SyncOutcome::Synced { commit } => println!("alice's sandbox is at {commit:?}"),
+//!     SyncOutcome::Failed { failure } => {
+//!         println!("{} failed: {}\n{}", failure.step, failure.message, failure.tail)
+//!     }
+//! }
 //! # drop(app);
 //! # Ok(())
 //! # }
@@ -106,15 +115,15 @@ mod webhook;
 pub use shmastra_contract as contract;
 pub use shmastra_contract::{Manifest, ManifestError, SyncFailure};
 
-pub use orchestrate::coalesce::Triggered;
 pub use orchestrate::history::{
     HistoryError, RestoreToError, RestoredTo, Save, SaveHistory, SaveKind,
 };
 pub use orchestrate::lifecycle::{Lifecycle, Reprovisioned, SecretSource};
+pub use orchestrate::queued::QueuedSyncError;
 pub use orchestrate::recovery::RecoveryPolicy;
 pub use orchestrate::{
     BackfillEntry, BackfillOutcome, OrchestrateError, Orchestrator, Persistence, ProjectHost,
-    ProvisionStep, Provisioned, RestorePlan, SandboxLayout, SandboxStatus, StatusSink,
+    ProvisionStep, Provisioned, RestorePlan, SandboxLayout, SandboxStatus, StatusSink, SyncOutcome,
 };
 
 pub use provider::{LocalProvider, SandboxProvider};

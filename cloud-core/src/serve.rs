@@ -20,12 +20,14 @@ use http::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use secrecy::SecretString;
+use shmastra_contract::SyncFailure;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 use crate::config::Config;
 use crate::gitlab::GitLab;
 use crate::http_backend::Children;
+use crate::orchestrate::SyncOutcome;
 use crate::proxy::embedded::EmbeddedUpstream;
 use crate::proxy::events::OnExternalPush;
 use crate::proxy::upstream::{HttpUpstream, Upstream};
@@ -326,8 +328,14 @@ fn app_with_children(
                     dir: dir.clone(),
                     source,
                 })?;
-            page = workspace(history, config.signer.clone(), &config.web, listen)
-                .map_err(sandboxes_dir)?;
+            page = workspace(
+                history,
+                config.signer.clone(),
+                &config.web,
+                listen,
+                shared.store.clone(),
+            )
+            .map_err(sandboxes_dir)?;
             Arc::new(upstream)
         }
         UpstreamChoice::GitLab(gitlab_config) => {
@@ -335,8 +343,14 @@ fn app_with_children(
                 GitLab::new(gitlab_config).map_err(|e| ServeError::GitLab(e.to_string()))?;
             tracing::info!(api_url = %gitlab_config.api_url, "upstream: GitLab");
             gitlab_client = Some(gitlab.clone());
-            page = workspace(gitlab.clone(), config.signer.clone(), &config.web, listen)
-                .map_err(sandboxes_dir)?;
+            page = workspace(
+                gitlab.clone(),
+                config.signer.clone(),
+                &config.web,
+                listen,
+                shared.store.clone(),
+            )
+            .map_err(sandboxes_dir)?;
             let upstream = HttpUpstream::new(
                 Arc::new(gitlab),
                 "oauth2",
@@ -418,7 +432,10 @@ fn sync_runner(
     command: String,
     sync_env: &[String],
 ) -> Result<
-    impl Fn(ExternalPush) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync + 'static,
+    impl Fn(ExternalPush) -> futures_util::future::BoxFuture<'static, SyncOutcome>
+    + Send
+    + Sync
+    + 'static,
     ServeError,
 > {
     if let Some(secret) = sync_env.iter().find(|n| SECRET_VARS.contains(&n.as_str())) {
@@ -437,11 +454,17 @@ fn sync_runner(
         let command = command.clone();
         let inherited = inherited.clone();
         Box::pin(async move { run_sync(&command, &inherited, &push).await })
-            as futures_util::future::BoxFuture<'static, ()>
+            as futures_util::future::BoxFuture<'static, SyncOutcome>
     })
 }
 
-async fn run_sync(command: &str, inherited: &[(String, std::ffi::OsString)], push: &ExternalPush) {
+/// Runs the `--on-external-push` command; its outcome is its exit (its output goes where
+/// serve's goes, so a failure carries no tail).
+async fn run_sync(
+    command: &str,
+    inherited: &[(String, std::ffi::OsString)],
+    push: &ExternalPush,
+) -> SyncOutcome {
     let mut child = tokio::process::Command::new("sh");
     child
         .arg("-c")
@@ -454,15 +477,21 @@ async fn run_sync(command: &str, inherited: &[(String, std::ffi::OsString)], pus
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     // The command's own output goes where serve's goes: it is the operator's script.
-    match child.status().await {
+    let message = match child.status().await {
         Ok(status) if status.success() => {
             tracing::info!(user = %push.user, git_ref = %push.refname, "sync command finished");
+            return SyncOutcome::Synced { commit: None };
         }
         Ok(status) => {
             tracing::error!(user = %push.user, git_ref = %push.refname, %status, "sync command failed");
+            format!("the sync command failed: {status}")
         }
         Err(e) => {
-            tracing::error!(user = %push.user, error = %e, "cannot run the sync command")
+            tracing::error!(user = %push.user, error = %e, "cannot run the sync command");
+            format!("cannot run the sync command: {e}")
         }
+    };
+    SyncOutcome::Failed {
+        failure: SyncFailure::new("on-external-push", message),
     }
 }

@@ -12,15 +12,16 @@ use cloud_core::Config;
 use cloud_core::GitLab;
 use cloud_core::LocalSandbox;
 use cloud_core::TokenSigner;
-use cloud_core::Triggered;
 use cloud_core::UserId;
 use cloud_core::{
     BackfillOutcome, Orchestrator, Persistence, Provisioned, SandboxLayout, SandboxStatus,
-    StatusSink,
+    StatusSink, SyncFailure, SyncOutcome,
 };
+use futures_util::FutureExt;
+use futures_util::future::join_all;
 use secrecy::SecretString;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
-use testkit::git::{git, hermetic_env};
+use testkit::git::{git, hermetic_env, init_repo};
 
 struct World {
     tmp: tempfile::TempDir,
@@ -128,9 +129,10 @@ fn stub_watcher(dir: &Path) -> PathBuf {
         &path,
         r#"#!/bin/sh
 echo "$@" >> "$HOME/watcher-args"
+fail=; [ -f "$HOME/fail-install" ] && fail=1
 echo run >> "$HOME/sync-runs"
 while [ -f "$HOME/hold-sync" ]; do sleep 0.02; done
-if [ -f "$HOME/fail-install" ]; then
+if [ -n "$fail" ]; then
   while [ $# -gt 0 ]; do [ "$1" = --failure-file ] && ff="$2"; shift; done
   printf 'step: install\nerror: `npm ci` failed (exit status: 1)\nnpm ERR! missing script\n' > "$ff"
   exit 1
@@ -269,16 +271,27 @@ async fn the_watcher_is_started_again_after_a_failure_and_after_a_panic() {
     assert!(home.join("watcher-running").exists());
 }
 
+/// The failure the stub watcher's `sync` writes while `fail-install` exists.
+fn install_failure() -> SyncFailure {
+    SyncFailure::new("install", "`npm ci` failed (exit status: 1)")
+        .with_tail(["npm ERR! missing script"])
+}
+
 #[tokio::test]
-async fn sync_reports_ready_or_broken_with_the_failure_tail() {
+async fn sync_returns_the_commit_it_reached_or_the_failure_and_sets_the_status() {
     let world = World::new().await;
     let orchestrator = world.orchestrator(&stub_watcher(world.tmp.path()));
     let sandbox = world.sandbox("sbx");
     let home = world.tmp.path().join("sbx");
+    let project = home.join("project");
+    init_repo(&project);
+    git(&project, ["add", "-A"]);
+    git(&project, ["commit", "-qm", "saved"]);
+    let head = git(&project, ["rev-parse", "HEAD"]).trim().to_owned();
     let statuses = Statuses::default();
 
-    let ran = orchestrator.sync(&sandbox, &user("alice"), &statuses).await;
-    assert_eq!(ran, Triggered::Ran { runs: 1 });
+    let outcome = orchestrator.sync(&sandbox, &user("alice"), &statuses).await;
+    assert_eq!(outcome, SyncOutcome::Synced { commit: Some(head) });
     assert_eq!(
         statuses.of("sbx"),
         [SandboxStatus::Syncing, SandboxStatus::Ready]
@@ -292,52 +305,66 @@ async fn sync_reports_ready_or_broken_with_the_failure_tail() {
     assert_eq!(args, expected);
 
     fs::write(home.join("fail-install"), "").unwrap();
-    orchestrator.sync(&sandbox, &user("alice"), &statuses).await;
-    let last = statuses.of("sbx").pop().unwrap();
-    match last {
-        SandboxStatus::Broken { failure } => {
-            assert_eq!(failure.step, "install", "{failure:?}");
-            assert!(
-                failure.tail.contains("npm ERR! missing script"),
-                "{failure:?}"
-            );
+    let outcome = orchestrator.sync(&sandbox, &user("alice"), &statuses).await;
+    assert_eq!(
+        outcome,
+        SyncOutcome::Failed {
+            failure: install_failure()
         }
-        other => panic!("expected broken, got {other:?}"),
-    }
+    );
+    assert_eq!(
+        statuses.of("sbx").pop(),
+        Some(SandboxStatus::Broken {
+            failure: install_failure()
+        })
+    );
 }
 
 #[tokio::test]
-async fn three_triggers_during_a_sync_coalesce_into_one_more_run() {
+async fn triggers_during_a_sync_coalesce_into_one_more_run_whose_outcome_they_get() {
     let world = World::new().await;
-    let orchestrator = Arc::new(world.orchestrator(&stub_watcher(world.tmp.path())));
+    let orchestrator = world.orchestrator(&stub_watcher(world.tmp.path()));
     let sandbox = world.sandbox("sbx");
     let home = world.tmp.path().join("sbx");
-    let statuses = Arc::new(Statuses::default());
+    let statuses = Statuses::default();
+    let alice = user("alice");
     fs::write(home.join("hold-sync"), "").unwrap();
+    let sync = || Box::pin(orchestrator.sync(&sandbox, &alice, &statuses));
 
-    let first = tokio::spawn({
-        let (orchestrator, sandbox, statuses) =
-            (orchestrator.clone(), sandbox.clone(), statuses.clone());
-        async move {
-            orchestrator
-                .sync(&sandbox, &user("alice"), &*statuses)
-                .await
-        }
-    });
-    testkit::wait::until_async(Duration::from_secs(30), "the first sync to start", || {
-        let started = home.join("sync-runs").exists();
-        async move { started.then_some(()) }
-    })
-    .await;
-    for _ in 0..3 {
-        let outcome = orchestrator
-            .sync(&sandbox, &user("alice"), &*statuses)
-            .await;
-        assert_eq!(outcome, Triggered::Coalesced);
+    // Polled once each, in order: the first starts the run, the other three coalesce.
+    let mut first = sync();
+    assert_eq!(first.as_mut().now_or_never(), None);
+    let mut coalesced = [sync(), sync(), sync()];
+    for caller in &mut coalesced {
+        assert_eq!(caller.as_mut().now_or_never(), None);
     }
-    fs::remove_file(home.join("hold-sync")).unwrap();
+    let driver = async {
+        testkit::wait::until_async(Duration::from_secs(30), "the first sync to start", || {
+            let started = home.join("sync-runs").exists();
+            async move { started.then_some(()) }
+        })
+        .await;
+        // The first run goes on and succeeds; the run after it fails at its install.
+        fs::write(home.join("fail-install"), "").unwrap();
+        fs::remove_file(home.join("hold-sync")).unwrap();
+    };
+    let (first, coalesced, ()) = tokio::join!(first, join_all(coalesced), driver);
 
-    assert_eq!(first.await.unwrap(), Triggered::Ran { runs: 2 });
+    assert_eq!(
+        first,
+        SyncOutcome::Synced { commit: None },
+        "the first caller's own run (the project is no repository: no commit)"
+    );
+    assert_eq!(
+        coalesced,
+        vec![
+            SyncOutcome::Failed {
+                failure: install_failure()
+            };
+            3
+        ],
+        "each coalesced caller gets the run that covered it"
+    );
     assert_eq!(
         fs::read_to_string(home.join("sync-runs")).unwrap(),
         "run\nrun\n"
@@ -348,7 +375,9 @@ async fn three_triggers_during_a_sync_coalesce_into_one_more_run() {
             SandboxStatus::Syncing,
             SandboxStatus::Ready,
             SandboxStatus::Syncing,
-            SandboxStatus::Ready
+            SandboxStatus::Broken {
+                failure: install_failure()
+            }
         ]
     );
 }

@@ -4,9 +4,7 @@
 //! from the contract (never the crate's own checks). Each counts the cases that reach its
 //! accept branch and fails when too few do, so a property cannot pass by never accepting.
 
-use std::cell::Cell;
 use std::collections::BTreeSet;
-use std::fmt::Debug;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -17,46 +15,8 @@ use cloud_core::{RestoreForm, SecretValue, render_env};
 use hmac::{Hmac, Mac};
 use proptest::prelude::*;
 use proptest::sample::Index;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use sha2::Sha256;
-
-/// Runs `property` on `cases` inputs from `strategy`; `property` returns whether the input
-/// reached the parser's accept branch. Fails when fewer than `min_accepted` of them did.
-fn check<S>(
-    name: &str,
-    strategy: S,
-    min_accepted: f64,
-    property: impl Fn(S::Value) -> Result<bool, TestCaseError>,
-) where
-    S: Strategy,
-    S::Value: Debug,
-{
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let (total, accepted) = (Cell::new(0u64), Cell::new(0u64));
-    let outcome = runner.run(&strategy, |input| {
-        let reached = property(input)?;
-        total.set(total.get() + 1);
-        accepted.set(accepted.get() + u64::from(reached));
-        Ok(())
-    });
-    if let Err(e) = outcome {
-        panic!("{name}: {e}");
-    }
-    let (total, accepted) = (total.get(), accepted.get());
-    println!("RELIABILITY parser-{name}: cases={total} accepted={accepted}");
-    assert!(
-        accepted as f64 >= min_accepted * total as f64,
-        "{name}: only {accepted} of {total} cases reached the accept branch (want {min_accepted})"
-    );
-}
+use testkit::proptest_check::check;
 
 /// The contract's variable name: a letter or `_`, then letters, digits, `_` or `.`; 1..=256.
 fn is_env_name(name: &str) -> bool {

@@ -11,8 +11,10 @@ use cloud_core::StatusSink;
 use cloud_core::UserId;
 use cloud_core::store::memory::MemoryStore;
 use cloud_core::store::postgres::{PostgresStore, pool};
-use cloud_core::store::{REMEMBERED_PUSHES_PER_USER, Store, StoreStatusSink};
-use cloud_core::{ProvisionStep, SandboxStatus};
+use cloud_core::store::{
+    FinishedRun, REMEMBERED_PUSHES_PER_USER, Store, StoreStatusSink, USED_NONCE_MARGIN,
+};
+use cloud_core::{ProvisionStep, SandboxStatus, SyncFailure, SyncOutcome};
 use testkit::postgres::Postgres;
 use testkit::wait::until_async;
 
@@ -62,6 +64,10 @@ fn push(name: &str, n: u32) -> ExternalPush {
 
 const LEASE: Duration = Duration::from_secs(30);
 
+fn synced() -> SyncOutcome {
+    SyncOutcome::Synced { commit: None }
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod in_process {
@@ -93,32 +99,57 @@ suite!(
     statuses_are_read_and_followed_from_every_replica,
     token_generations_move_forward_per_user,
     a_status_sink_writes_every_change_in_order,
+    a_sign_in_nonce_is_spent_once_across_replicas,
 );
 
 async fn events_during_a_run_give_exactly_one_more_run_with_the_newest_push(r: Replicas) {
-    r.a.enqueue(push("alice", 1)).await.unwrap();
+    assert_eq!(r.a.enqueue(push("alice", 1)).await.unwrap(), 1, "event 1");
     let first =
         r.a.claim("a#1".into(), LEASE)
             .await
             .unwrap()
             .expect("a job");
     assert_eq!(first.push, push("alice", 1));
+    assert_eq!(first.seq, 1, "the run covers event 1");
     for n in 2..=5 {
-        r.b.enqueue(push("alice", n)).await.unwrap();
+        assert_eq!(r.b.enqueue(push("alice", n)).await.unwrap(), u64::from(n));
     }
     assert_eq!(
         r.b.claim("b#1".into(), LEASE).await.unwrap(),
         None,
         "alice's job is held by a's run"
     );
-    assert!(r.a.finish(first).await.unwrap());
+    assert_eq!(r.b.last_run(user("alice")).await.unwrap(), None);
+    let failed = SyncOutcome::Failed {
+        failure: SyncFailure::new("install", "`npm ci` failed").with_tail(["npm ERR! 404"]),
+    };
+    assert!(r.a.finish(first, failed.clone()).await.unwrap());
+    assert_eq!(
+        r.b.last_run(user("alice")).await.unwrap(),
+        Some(FinishedRun {
+            seq: 1,
+            outcome: failed
+        }),
+        "a's run, read by b"
+    );
     let second =
         r.b.claim("b#2".into(), LEASE)
             .await
             .unwrap()
             .expect("one more run");
     assert_eq!(second.push, push("alice", 5), "the newest push");
-    assert!(r.b.finish(second).await.unwrap());
+    assert_eq!(second.seq, 5, "the second run covers events 2 to 5");
+    let reached = SyncOutcome::Synced {
+        commit: Some(format!("{:040x}", 5)),
+    };
+    assert!(r.b.finish(second, reached.clone()).await.unwrap());
+    assert_eq!(
+        r.a.last_run(user("alice")).await.unwrap(),
+        Some(FinishedRun {
+            seq: 5,
+            outcome: reached
+        })
+    );
     assert_eq!(
         r.a.claim("a#2".into(), LEASE).await.unwrap(),
         None,
@@ -143,9 +174,17 @@ async fn a_lost_lease_lets_another_replica_run_the_job(r: Replicas) {
     .await;
     assert_eq!(taken.push, push("alice", 1), "the job a owed is run by b");
     assert!(!r.a.renew(dead.clone(), LEASE).await.unwrap(), "a lost it");
+    let lost = SyncOutcome::Failed {
+        failure: SyncFailure::new("sync", "a's run, finished after its lease"),
+    };
     assert!(
-        !r.a.finish(dead).await.unwrap(),
+        !r.a.finish(dead, lost).await.unwrap(),
         "a's finish changes nothing"
+    );
+    assert_eq!(
+        r.b.last_run(user("alice")).await.unwrap(),
+        None,
+        "a lost claim records no outcome"
     );
     assert_eq!(
         r.a.claim("a#2".into(), LEASE).await.unwrap(),
@@ -153,7 +192,7 @@ async fn a_lost_lease_lets_another_replica_run_the_job(r: Replicas) {
         "b holds it"
     );
     assert!(r.b.renew(taken.clone(), LEASE).await.unwrap());
-    assert!(r.b.finish(taken).await.unwrap());
+    assert!(r.b.finish(taken, synced()).await.unwrap());
 }
 
 async fn one_users_volume_never_starves_another(r: Replicas) {
@@ -165,7 +204,7 @@ async fn one_users_volume_never_starves_another(r: Replicas) {
             .unwrap()
             .expect("a job");
     assert_eq!(alice.push.user, user("alice"), "the oldest first");
-    assert!(r.a.finish(alice).await.unwrap());
+    assert!(r.a.finish(alice, synced()).await.unwrap());
     for n in 1..200 {
         r.a.enqueue(push("alice", n)).await.unwrap();
     }
@@ -222,7 +261,7 @@ async fn concurrent_claimers_never_hold_one_user_twice(r: Replicas) {
                 holding.lock().unwrap().remove(&claim.push.user);
                 // Another event for this user while it ran: it is owed once more.
                 store.enqueue(claim.push.clone()).await.unwrap();
-                assert!(store.finish(claim).await.unwrap());
+                assert!(store.finish(claim, synced()).await.unwrap());
             }
         });
     }
@@ -355,4 +394,32 @@ async fn a_status_sink_writes_every_change_in_order(r: Replicas) {
         },
     )
     .await;
+}
+
+async fn a_sign_in_nonce_is_spent_once_across_replicas(r: Replicas) {
+    let now = SystemTime::now();
+    let later = now + Duration::from_secs(900);
+    assert!(r.a.spend_link_nonce("n1".into(), later).await.unwrap());
+    assert!(
+        !r.b.spend_link_nonce("n1".into(), later).await.unwrap(),
+        "spent on a"
+    );
+    assert!(!r.a.spend_link_nonce("n1".into(), later).await.unwrap());
+    assert!(r.b.spend_link_nonce("n2".into(), later).await.unwrap());
+    // A link that expired longer than the margin ago is forgotten (it is refused as expired
+    // before its nonce is asked for); one within the margin is kept.
+    let long_ago = now - USED_NONCE_MARGIN - Duration::from_secs(60);
+    let lately = now - Duration::from_secs(60);
+    assert!(r.a.spend_link_nonce("old".into(), long_ago).await.unwrap());
+    assert!(r.a.spend_link_nonce("recent".into(), lately).await.unwrap());
+    assert!(r.b.spend_link_nonce("n3".into(), later).await.unwrap());
+    assert!(
+        r.b.spend_link_nonce("old".into(), long_ago).await.unwrap(),
+        "forgotten"
+    );
+    assert!(
+        !r.b.spend_link_nonce("recent".into(), lately).await.unwrap(),
+        "kept until the margin passed"
+    );
+    assert!(!r.a.spend_link_nonce("n2".into(), later).await.unwrap());
 }

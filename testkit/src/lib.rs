@@ -8,4 +8,5 @@ pub mod fake_gitlab;
 pub mod git;
 pub mod git_server;
 pub mod postgres;
+pub mod proptest_check;
 pub mod wait;

@@ -13,7 +13,9 @@ use cloud_core::ProxyLimits;
 use cloud_core::TokenSigner;
 use cloud_core::UserId;
 use cloud_core::{ConnectionLimits, ServeConfig, UpstreamChoice, serve};
-use cloud_core::{Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink};
+use cloud_core::{
+    Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink, SyncOutcome,
+};
 use testkit::git::{git, git_output, hermetic_env, init_repo, tree_of, tree_of_add_all};
 use testkit::wait::until_async;
 
@@ -172,7 +174,12 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
 
     // The cloud answers the event with a sync.
     let statuses = Statuses::default();
-    orchestrator.sync(&sandbox, &alice, &statuses).await;
+    assert_eq!(
+        orchestrator.sync(&sandbox, &alice, &statuses).await,
+        SyncOutcome::Synced {
+            commit: Some(laptop_head.clone())
+        }
+    );
     assert_eq!(
         *statuses.0.lock().unwrap(),
         [SandboxStatus::Syncing, SandboxStatus::Ready]

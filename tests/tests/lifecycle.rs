@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use cloud_core::EmbeddedUpstream;
 use cloud_core::RecoveryPolicy;
 use cloud_core::SecretValue;
+use cloud_core::SyncOutcome;
 use cloud_core::TokenSigner;
-use cloud_core::Triggered;
 use cloud_core::UserId;
 use cloud_core::{Lifecycle, Reprovisioned};
 use cloud_core::{LocalProvider, SandboxProvider};
@@ -197,6 +197,10 @@ impl World {
         fs::remove_dir_all(self.home()).unwrap();
     }
 
+    fn upstream_head(&self) -> String {
+        git(&self.upstream, ["rev-parse", "main"]).trim().to_owned()
+    }
+
     fn upstream_file(&self, path: &str) -> Option<String> {
         let out = git_output(&self.upstream, ["show", &format!("main:{path}")]);
         out.status
@@ -349,7 +353,13 @@ async fn a_sandbox_wiped_under_its_watcher_comes_back_with_the_saved_project_on_
     let synced = lifecycle.sync(&alice()).await.unwrap();
     let took = started.elapsed();
 
-    assert_eq!(synced, Triggered::Ran { runs: 1 });
+    assert_eq!(
+        synced,
+        SyncOutcome::Synced {
+            commit: Some(world.upstream_head())
+        },
+        "the sync reached the saved branch"
+    );
     let mut expected = reprovisioned();
     expected.extend([SandboxStatus::Syncing, SandboxStatus::Ready]);
     assert_eq!(world.statuses.take(), expected);
@@ -410,7 +420,13 @@ async fn a_sandbox_wiped_in_the_middle_of_a_sync_is_recovered_and_the_sync_compl
     let synced = lifecycle.sync(&alice()).await.unwrap();
 
     assert!(flag.exists(), "the sandbox was wiped during the sync");
-    assert_eq!(synced, Triggered::Ran { runs: 1 });
+    assert_eq!(
+        synced,
+        SyncOutcome::Synced {
+            commit: Some(world.upstream_head())
+        },
+        "the sync reached the saved branch"
+    );
     let mut expected = vec![SandboxStatus::Syncing];
     expected.extend(reprovisioned());
     expected.extend([SandboxStatus::Syncing, SandboxStatus::Ready]);

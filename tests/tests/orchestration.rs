@@ -15,6 +15,7 @@ use cloud_core::TokenSigner;
 use cloud_core::UserId;
 use cloud_core::{
     OrchestrateError, Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink,
+    SyncOutcome,
 };
 use std::sync::Mutex;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
@@ -297,8 +298,15 @@ async fn sync_with_unsaved_edits_backs_them_up_and_ends_ready() {
     fs::write(world.project().join("src/index.ts"), "unsaved edit\n").unwrap();
     let statuses = Statuses::default();
 
-    orchestrator.sync(&sandbox, &alice(), &statuses).await;
+    let outcome = orchestrator.sync(&sandbox, &alice(), &statuses).await;
 
+    assert_eq!(
+        outcome,
+        SyncOutcome::Synced {
+            commit: Some(git(&remote, ["rev-parse", "main"]).trim().to_owned())
+        },
+        "the laptop's commit"
+    );
     assert_eq!(
         *statuses.0.lock().unwrap(),
         [SandboxStatus::Syncing, SandboxStatus::Ready]
@@ -342,12 +350,18 @@ async fn sync_with_a_failing_install_ends_broken_with_the_install_output() {
     push_from_laptop(&world, &remote, "package.json", "{\"name\": \"app\"}\n");
     let statuses = Statuses::default();
 
-    orchestrator.sync(&sandbox, &alice(), &statuses).await;
+    let outcome = orchestrator.sync(&sandbox, &alice(), &statuses).await;
 
     let last = statuses.0.lock().unwrap().last().cloned().unwrap();
     let SandboxStatus::Broken { failure } = last else {
         panic!("expected broken, got {last:?}");
     };
+    assert_eq!(
+        outcome,
+        SyncOutcome::Failed {
+            failure: failure.clone()
+        }
+    );
     assert_eq!(failure.step, "install", "{failure:?}");
     assert_eq!(
         failure.tail, "npm ERR! 404 left-pad not found",

@@ -5,52 +5,11 @@
 //! never yields an `ok` ref the demultiplexed stream does not report. The property counts the
 //! cases that reach a finished report and fails when too few do.
 
-use std::cell::Cell;
-use std::fmt::Debug;
-
 use git_wire::pkt_line::encode;
 use git_wire::report_status::{ReportParser, ReportState};
 use proptest::prelude::*;
 use proptest::sample::Index;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-
-/// Runs `property` on `cases` inputs from `strategy`; `property` returns whether the input
-/// reached the parser's accept branch. Fails when fewer than `min_accepted` of them did.
-fn check<S>(
-    name: &str,
-    strategy: S,
-    min_accepted: f64,
-    property: impl Fn(S::Value) -> Result<bool, TestCaseError>,
-) where
-    S: Strategy,
-    S::Value: Debug,
-{
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let (total, accepted) = (Cell::new(0u64), Cell::new(0u64));
-    let outcome = runner.run(&strategy, |input| {
-        let reached = property(input)?;
-        total.set(total.get() + 1);
-        accepted.set(accepted.get() + u64::from(reached));
-        Ok(())
-    });
-    if let Err(e) = outcome {
-        panic!("{name}: {e}");
-    }
-    let (total, accepted) = (total.get(), accepted.get());
-    println!("RELIABILITY parser-{name}: cases={total} accepted={accepted}");
-    assert!(
-        accepted as f64 >= min_accepted * total as f64,
-        "{name}: only {accepted} of {total} cases reached the accept branch (want {min_accepted})"
-    );
-}
+use testkit::proptest_check::check;
 
 /// A report-status git could send: `unpack`, then one `ok`/`ng` line per ref, then a flush;
 /// in side-band, that stream split into band-1 packets with band-2 progress between them.

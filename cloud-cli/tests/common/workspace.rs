@@ -29,6 +29,15 @@ impl Workspace {
     /// serve with `--upstream-dir` and `--sandboxes-dir` in a temp dir; `prepare` runs on the
     /// upstream dir first (to seed a saved project); `extra` are more serve flags.
     pub fn start(extra: &[&str], prepare: impl FnOnce(&Path)) -> Workspace {
+        Workspace::start_with_env(extra, &[], prepare)
+    }
+
+    /// [`Workspace::start`] with more environment for serve (`DATABASE_URL`).
+    pub fn start_with_env(
+        extra: &[&str],
+        env: &[(&str, &str)],
+        prepare: impl FnOnce(&Path),
+    ) -> Workspace {
         let tmp = tempfile::tempdir().expect("tempdir");
         let base = tmp.path().to_owned();
         let upstream = base.join("upstream");
@@ -48,7 +57,7 @@ impl Workspace {
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let serve = Serve::start(SECRET, &args, &[], "true");
+        let serve = Serve::start(SECRET, &args, env, "true");
         Workspace {
             serve,
             upstream,

@@ -17,10 +17,9 @@ use tokio::time::Instant;
 use super::recovery::{RecoveryBudget, RecoveryPolicy};
 use super::{
     OrchestrateError, Orchestrator, ProjectHost, ProvisionStep, Provisioned, SandboxStatus,
-    StatusSink,
+    StatusSink, SyncOutcome,
 };
 use crate::UserId;
-use crate::orchestrate::coalesce::Triggered;
 use crate::provider::SandboxProvider;
 use crate::sandbox::Sandbox;
 use crate::secrets::SecretValue;
@@ -175,8 +174,9 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
     }
 
     /// [`Orchestrator::try_sync`] with recovery: a sandbox lost before or during the sync is
-    /// re-provisioned (which restores the saved branch) and synced once more.
-    pub async fn sync(&self, user: &UserId) -> Result<Triggered, OrchestrateError> {
+    /// re-provisioned (which restores the saved branch) and synced once more. `Ok` says how the
+    /// run that covered this call ended (a failed install is `Ok(SyncOutcome::Failed)`).
+    pub async fn sync(&self, user: &UserId) -> Result<SyncOutcome, OrchestrateError> {
         self.run(user, |sandbox| async move {
             self.orchestrator
                 .try_sync(&sandbox, user, &self.status)

@@ -9,7 +9,7 @@
 pub mod coalesce;
 pub mod history;
 pub mod lifecycle;
-mod queued;
+pub mod queued;
 pub mod recovery;
 
 use std::future::Future;
@@ -28,7 +28,7 @@ use crate::gitlab::{GitLab, GitLabError};
 use crate::sandbox::{Exec, ExecOutput, Sandbox, SandboxError};
 use crate::secrets::{RestoreForm, RestoreFormError, SecretValue, render_env, render_env_file};
 use crate::token::TokenSigner;
-use coalesce::{Coalescer, Triggered};
+use coalesce::Coalescer;
 
 /// How many lines of a failed command's output an error carries.
 const TAIL_LINES: usize = 50;
@@ -222,6 +222,19 @@ pub enum SandboxStatus {
     },
 }
 
+/// How a sync ended for the caller's event: the outcome of the run that covered it (the
+/// caller's own run, or the run its trigger coalesced into). Stored as JSON tagged by
+/// `outcome`: `{"outcome": "failed", "failure": {"step": ..., "message": ..., "tail": ...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum SyncOutcome {
+    /// The sandbox holds the saved branch; `commit` is its `HEAD` after the sync, when the
+    /// sandbox could tell (`None` with the feature off or before the first save).
+    Synced { commit: Option<String> },
+    /// The sync failed (the sandbox's status is `Broken` with the same failure).
+    Failed { failure: SyncFailure },
+}
+
 /// The steps of re-provisioning, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -250,7 +263,8 @@ impl<T: StatusSink + ?Sized> StatusSink for std::sync::Arc<T> {
 pub struct Orchestrator<H> {
     persistence: Option<Persistence<H>>,
     layout: SandboxLayout,
-    syncs: Coalescer,
+    /// Per sandbox; `None` is a run that found the sandbox gone.
+    syncs: Coalescer<Option<SyncOutcome>>,
 }
 
 impl<H: ProjectHost> Orchestrator<H> {
@@ -503,26 +517,29 @@ impl<H: ProjectHost> Orchestrator<H> {
     }
 
     /// Brings a running sandbox to the pushed branch: status `syncing`, then `ready`, or
-    /// `broken` with the failure file (also when the sandbox is gone). Triggers that arrive
-    /// meanwhile coalesce into one more run. With the feature off there is nothing to sync from.
+    /// `broken` with the failure file (also when the sandbox is gone), and returns how the run
+    /// that covered this call ended. Calls that arrive during a run coalesce into one more
+    /// run, and each of them waits for that run and gets its outcome. With the feature off
+    /// there is nothing to sync from: `Synced` with no commit.
     pub async fn sync<S: Sandbox>(
         &self,
         sandbox: &S,
         user: &UserId,
         status: &impl StatusSink,
-    ) -> Triggered {
-        self.syncs
+    ) -> SyncOutcome {
+        let outcome = self
+            .syncs
             .trigger(sandbox.id(), || async {
-                if let Err(gone) = self.sync_once(sandbox, user, status).await {
-                    status.set_status(
-                        sandbox.id(),
-                        SandboxStatus::Broken {
-                            failure: SyncFailure::new("sync", gone.to_string()),
-                        },
-                    );
-                }
+                Some(match self.sync_once(sandbox, user, status).await {
+                    Ok(outcome) => outcome,
+                    Err(gone) => gone_failure(sandbox.id(), &gone, status),
+                })
             })
-            .await
+            .await;
+        // Covered by a `try_sync` run that lost the sandbox: its caller recovers it.
+        outcome.unwrap_or_else(|| SyncOutcome::Failed {
+            failure: SyncFailure::new("sync", gone(sandbox).to_string()),
+        })
     }
 
     /// [`Orchestrator::sync`] for callers that recover lost sandboxes: a sandbox that is gone
@@ -532,31 +549,25 @@ impl<H: ProjectHost> Orchestrator<H> {
         sandbox: &S,
         user: &UserId,
         status: &impl StatusSink,
-    ) -> Result<Triggered, OrchestrateError> {
-        let gone = std::sync::Mutex::new(None);
-        let triggered = self
-            .syncs
+    ) -> Result<SyncOutcome, OrchestrateError> {
+        self.syncs
             .trigger(sandbox.id(), || async {
-                if let Err(e) = self.sync_once(sandbox, user, status).await {
-                    *gone.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                }
+                self.sync_once(sandbox, user, status).await.ok()
             })
-            .await;
-        match gone.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e.into()),
-            None => Ok(triggered),
-        }
+            .await
+            .ok_or_else(|| gone(sandbox).into())
     }
 
-    /// One sync run. `Err` only when the sandbox is gone; every other outcome is a status.
+    /// One sync run. `Err` only when the sandbox is gone; every other outcome is returned, and
+    /// set as the status.
     async fn sync_once<S: Sandbox>(
         &self,
         sandbox: &S,
         user: &UserId,
         status: &impl StatusSink,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<SyncOutcome, SandboxError> {
         let Some(persistence) = &self.persistence else {
-            return Ok(());
+            return Ok(SyncOutcome::Synced { commit: None });
         };
         status.set_status(sandbox.id(), SandboxStatus::Syncing);
         let layout = &self.layout;
@@ -576,30 +587,47 @@ impl<H: ProjectHost> Orchestrator<H> {
         };
         let exec = Exec::new(command.shell(&layout.watcher_bin), layout.sync_timeout)
             .env(env::PROJECT_TOKEN, persistence.signer.mint(user));
-        let next = match self.in_project(sandbox, exec).await {
-            Ok(out) if out.success() => SandboxStatus::Ready,
-            Ok(out) => {
-                let failure = match sandbox.read_file(&failure_file).await {
-                    Ok(Some(bytes)) => SyncFailure::parse(&bytes),
-                    Err(e) if e.is_gone() => return Err(e),
-                    _ => SyncFailure {
-                        step: "sync".to_owned(),
-                        message: format!("project-watcher sync exited with {}", exit_text(&out)),
-                        tail: tail(&out),
-                    },
-                };
-                SandboxStatus::Broken { failure }
-            }
+        let failure = match self.in_project(sandbox, exec).await {
+            Ok(out) if out.success() => None,
+            Ok(out) => Some(match sandbox.read_file(&failure_file).await {
+                Ok(Some(bytes)) => SyncFailure::parse(&bytes),
+                Err(e) if e.is_gone() => return Err(e),
+                _ => SyncFailure {
+                    step: "sync".to_owned(),
+                    message: format!("project-watcher sync exited with {}", exit_text(&out)),
+                    tail: tail(&out),
+                },
+            }),
             Err(OrchestrateError::Sandbox(e)) if e.is_gone() => return Err(e),
-            Err(e) => SandboxStatus::Broken {
-                failure: SyncFailure::new("sync", e.to_string()),
-            },
+            Err(e) => Some(SyncFailure::new("sync", e.to_string())),
         };
-        if let SandboxStatus::Broken { failure } = &next {
-            tracing::warn!(sandbox = sandbox.id(), step = %failure.step, message = %failure.message, "sync failed");
-        }
-        status.set_status(sandbox.id(), next);
-        Ok(())
+        let outcome = match failure {
+            None => SyncOutcome::Synced {
+                commit: self.head(sandbox).await,
+            },
+            Some(failure) => {
+                tracing::warn!(sandbox = sandbox.id(), step = %failure.step, message = %failure.message, "sync failed");
+                SyncOutcome::Failed { failure }
+            }
+        };
+        status.set_status(sandbox.id(), outcome.status());
+        Ok(outcome)
+    }
+
+    /// The project's `HEAD` commit, when git in the sandbox can tell.
+    async fn head<S: Sandbox>(&self, sandbox: &S) -> Option<String> {
+        let out = self
+            .in_project(
+                sandbox,
+                Exec::new(
+                    "git rev-parse --verify --quiet HEAD",
+                    self.layout.command_timeout,
+                ),
+            )
+            .await
+            .ok()?;
+        let commit = out.stdout.trim();
+        (out.success() && is_object_id(commit)).then(|| commit.to_owned())
     }
 
     /// Provisions every existing sandbox; one failure does not stop the rest. A second run
@@ -737,6 +765,41 @@ pub(crate) fn short_duration(duration: Duration) -> String {
     }
 }
 
+impl SyncOutcome {
+    /// The sandbox's status after a run that ended so.
+    fn status(&self) -> SandboxStatus {
+        match self {
+            SyncOutcome::Synced { .. } => SandboxStatus::Ready,
+            SyncOutcome::Failed { failure } => SandboxStatus::Broken {
+                failure: failure.clone(),
+            },
+        }
+    }
+}
+
+fn gone<S: Sandbox>(sandbox: &S) -> SandboxError {
+    SandboxError::Gone {
+        sandbox: sandbox.id().to_owned(),
+    }
+}
+
+/// A run of [`Orchestrator::sync`] that lost the sandbox: `broken`, and that failure.
+fn gone_failure(sandbox: &str, gone: &SandboxError, status: &impl StatusSink) -> SyncOutcome {
+    let failure = SyncFailure::new("sync", gone.to_string());
+    status.set_status(
+        sandbox,
+        SandboxStatus::Broken {
+            failure: failure.clone(),
+        },
+    );
+    SyncOutcome::Failed { failure }
+}
+
+/// A full SHA-1 or SHA-256 object id in hex.
+fn is_object_id(text: &str) -> bool {
+    matches!(text.len(), 40 | 64) && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 fn exit_text(out: &ExecOutput) -> String {
     match out.exit_code {
         Some(code) => format!("exit code {code}"),
@@ -804,5 +867,16 @@ mod tests {
             .unwrap(),
             serde_json::json!({"state": "provisioning", "step": "creating"})
         );
+        let failed = SyncOutcome::Failed {
+            failure: SyncFailure::new("install", "`npm ci` failed"),
+        };
+        assert_eq!(
+            serde_json::to_value(&failed).unwrap(),
+            serde_json::json!({"outcome": "failed", "failure": {"step": "install", "message": "`npm ci` failed", "tail": ""}})
+        );
+        for outcome in [failed, SyncOutcome::Synced { commit: None }] {
+            let json = serde_json::to_string(&outcome).unwrap();
+            assert_eq!(serde_json::from_str::<SyncOutcome>(&json).unwrap(), outcome);
+        }
     }
 }

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::{Claim, Store, StoreError, claim_owner, run_holding};
 use crate::event::ExternalPush;
+use crate::orchestrate::SyncOutcome;
 
 /// How often a worker with nothing to do looks for jobs (other replicas' events, leases that
 /// ran out), and how often the local buffer is retried while the database is down.
@@ -92,12 +93,12 @@ impl SyncJobs {
     }
 
     /// Starts the buffer's writer and `parallel` workers, each running `run` for one claimed
-    /// job at a time. Dropping the returned set stops them (a run in flight is dropped, and
+    /// job at a time and recording its outcome. Dropping the returned set stops them (a run in flight is dropped, and
     /// its lease runs out for another replica to take the job).
     pub fn start<F, Fut>(self: &Arc<Self>, parallel: usize, run: F) -> JoinSet<()>
     where
         F: Fn(ExternalPush) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future<Output = SyncOutcome> + Send + 'static,
     {
         let mut tasks = JoinSet::new();
         tasks.spawn(self.clone().write_buffer());
@@ -126,7 +127,7 @@ impl SyncJobs {
                     break;
                 };
                 match self.store.enqueue(next.clone()).await {
-                    Ok(()) => {
+                    Ok(_) => {
                         self.database(Ok(()));
                         let mut buffer = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
                         if buffer.front() == Some(&next) {
@@ -147,7 +148,7 @@ impl SyncJobs {
     async fn work<F, Fut>(&self, run: &F)
     where
         F: Fn(ExternalPush) -> Fut,
-        Fut: Future<Output = ()>,
+        Fut: Future<Output = SyncOutcome>,
     {
         loop {
             let notified = self.work.notified();
@@ -182,16 +183,18 @@ impl SyncJobs {
     async fn run_claim<F, Fut>(&self, claim: Claim, run: &F)
     where
         F: Fn(ExternalPush) -> Fut,
-        Fut: Future<Output = ()>,
+        Fut: Future<Output = SyncOutcome>,
     {
         let user = claim.push.user.clone();
         tracing::info!(%user, owner = %claim.owner, new_oid = %claim.push.new_oid, "sync job claimed");
-        if !run_holding(&*self.store, &claim, self.lease, run(claim.push.clone())).await {
+        let Some(outcome) =
+            run_holding(&*self.store, &claim, self.lease, run(claim.push.clone())).await
+        else {
             return;
-        }
+        };
         let held_until = Instant::now() + self.lease;
         loop {
-            match self.store.finish(claim.clone()).await {
+            match self.store.finish(claim.clone(), outcome.clone()).await {
                 Ok(true) => return,
                 Ok(false) => {
                     tracing::warn!(%user, "the sync job's lease ran out before the run ended; another run may follow");
@@ -221,6 +224,10 @@ mod tests {
         }
     }
 
+    fn synced() -> SyncOutcome {
+        SyncOutcome::Synced { commit: None }
+    }
+
     /// Starts `jobs` with runs of 10 s that record `user oid` when they start.
     fn start(jobs: &Arc<SyncJobs>, parallel: usize) -> (JoinSet<()>, Arc<Mutex<Vec<String>>>) {
         let started: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -233,6 +240,7 @@ mod tests {
                     .unwrap()
                     .push(format!("{} {}", push.user, &push.new_oid[38..]));
                 tokio::time::sleep(Duration::from_secs(10)).await;
+                synced()
             }
         });
         (tasks, started)
@@ -279,8 +287,8 @@ mod tests {
             }
         };
         let (held, ()) = tokio::join!(run_holding(&*store, &claim, lease, long), checker);
-        assert!(held, "renewed past three leases");
-        assert!(store.finish(claim).await.unwrap());
+        assert!(held.is_some(), "renewed past three leases");
+        assert!(store.finish(claim, synced()).await.unwrap());
 
         store.enqueue(push("alice", 2)).await.unwrap();
         let claim = store.claim("a#2".into(), lease).await.unwrap().unwrap();
@@ -288,13 +296,13 @@ mod tests {
         let taken = async {
             tokio::time::sleep(Duration::from_secs(4)).await;
             // Another runner takes the job (as after a lease ran out).
-            assert!(store.finish(claim.clone()).await.unwrap());
+            assert!(store.finish(claim.clone(), synced()).await.unwrap());
             store.enqueue(push("alice", 3)).await.unwrap();
             store.claim("b#2".into(), lease).await.unwrap().unwrap()
         };
         let forever = tokio::time::sleep(Duration::from_secs(3600));
         let (held, _) = tokio::join!(run_holding(&*store, &claim, lease, forever), taken);
-        assert!(!held, "the lost lease stopped the run");
+        assert!(held.is_none(), "the lost lease stopped the run");
         assert!(start.elapsed() <= Duration::from_secs(4) + lease / 3);
     }
 }

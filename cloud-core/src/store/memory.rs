@@ -9,15 +9,18 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{
-    Claim, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
-    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreFuture,
+    Claim, FinishedRun, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
+    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreFuture, USED_NONCE_MARGIN,
 };
 use crate::UserId;
 use crate::event::ExternalPush;
-use crate::orchestrate::SandboxStatus;
+use crate::orchestrate::{SandboxStatus, SyncOutcome};
 
 struct Job {
     push: ExternalPush,
+    /// How many events the user sent.
+    events: u64,
+    finished: Option<FinishedRun>,
     pending: bool,
     /// Order of the first owed event (claims take the smallest).
     pending_since: u64,
@@ -31,6 +34,7 @@ struct State {
     pushes: HashMap<UserId, VecDeque<(String, String, Instant)>>,
     deliveries: HashMap<String, Instant>,
     statuses: HashMap<String, (SandboxStatus, SystemTime)>,
+    nonces: HashMap<String, SystemTime>,
     generations: HashMap<UserId, (u64, i64)>,
     next_version: i64,
 }
@@ -76,6 +80,7 @@ impl MemoryStore {
         Some(Claim {
             push: job.push.clone(),
             owner,
+            seq: job.events,
         })
     }
 
@@ -92,12 +97,14 @@ fn ready<'a, T: Send + 'a>(value: T) -> StoreFuture<'a, T> {
 }
 
 impl Store for MemoryStore {
-    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, ()> {
+    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, u64> {
         let mut state = self.lock();
         state.next_order += 1;
         let order = state.next_order;
         let job = state.jobs.entry(push.user.clone()).or_insert(Job {
             push: push.clone(),
+            events: 0,
+            finished: None,
             pending: false,
             pending_since: order,
             holder: None,
@@ -107,7 +114,8 @@ impl Store for MemoryStore {
         }
         job.pending = true;
         job.push = push;
-        ready(())
+        job.events += 1;
+        ready(job.events)
     }
 
     fn claim(&self, owner: String, lease: Duration) -> StoreFuture<'_, Option<Claim>> {
@@ -135,16 +143,29 @@ impl Store for MemoryStore {
         ready(renewed)
     }
 
-    fn finish(&self, claim: Claim) -> StoreFuture<'_, bool> {
+    fn finish(&self, claim: Claim, outcome: SyncOutcome) -> StoreFuture<'_, bool> {
         let mut state = self.lock();
         let finished = match MemoryStore::held(&mut state, &claim) {
             Some(job) => {
                 job.holder = None;
+                job.finished = Some(FinishedRun {
+                    seq: claim.seq,
+                    outcome,
+                });
                 true
             }
             None => false,
         };
         ready(finished)
+    }
+
+    fn last_run(&self, user: UserId) -> StoreFuture<'_, Option<FinishedRun>> {
+        ready(
+            self.lock()
+                .jobs
+                .get(&user)
+                .and_then(|job| job.finished.clone()),
+        )
     }
 
     fn record_push(&self, push: ExternalPush) -> StoreFuture<'_, ()> {
@@ -203,6 +224,15 @@ impl Store for MemoryStore {
 
     fn status_changes(&self) -> broadcast::Receiver<StatusChange> {
         self.changes.subscribe()
+    }
+
+    fn spend_link_nonce(&self, nonce: String, expires: SystemTime) -> StoreFuture<'_, bool> {
+        let now = SystemTime::now();
+        let mut state = self.lock();
+        state
+            .nonces
+            .retain(|_, until| *until + USED_NONCE_MARGIN > now);
+        ready(state.nonces.insert(nonce, expires).is_none())
     }
 
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {

@@ -2,9 +2,10 @@
 //! [`memory::MemoryStore`] (in-process, one replica, nothing to install) and
 //! [`postgres::PostgresStore`] (PostgreSQL, any number of replicas).
 //!
-//! It holds the sync jobs (one row per user: coalesced, leased, claimed oldest first), the
-//! branch updates the proxy saw (for the webhook's de-duplication), the webhook deliveries
-//! already handled, each sandbox's status with the time of its change, and each user's project
+//! It holds the sync jobs (one row per user: coalesced, leased, claimed oldest first, with
+//! the outcome of the last run), the branch updates the proxy saw (for the webhook's
+//! de-duplication), the webhook deliveries already handled, each sandbox's status with the
+//! time of its change, the nonces of sign-in links already used, and each user's project
 //! token generation. [`jobs::SyncJobs`] runs a command per job on top of it; [`StoreStatusSink`]
 //! and [`generations::StoreGenerations`] plug it into orchestration and token checks.
 
@@ -21,7 +22,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::UserId;
 use crate::event::ExternalPush;
-use crate::orchestrate::{SandboxStatus, StatusSink};
+use crate::orchestrate::{SandboxStatus, StatusSink, SyncOutcome};
 
 /// A store operation in flight.
 pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
@@ -33,6 +34,9 @@ pub const REMEMBERED_PUSHES_PER_USER: usize = 64;
 pub const REMEMBERED_PUSH_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How long a handled webhook delivery id is remembered.
 pub const REMEMBERED_DELIVERY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long past its link's expiry a used sign-in nonce is kept: a replica whose clock is
+/// behind the database's by less than this still finds it.
+pub const USED_NONCE_MARGIN: Duration = Duration::from_secs(3600);
 /// How many status changes a follower may fall behind before it misses some (it then reads
 /// [`Store::status`] again).
 pub const STATUS_CHANGES_BUFFER: usize = 1024;
@@ -59,6 +63,17 @@ pub struct Claim {
     pub push: ExternalPush,
     /// Unique per claim: renewals and the finish of an expired claim change nothing.
     pub owner: String,
+    /// The number of the user's newest event when the job was claimed: the run covers every
+    /// event up to it.
+    pub seq: u64,
+}
+
+/// The last run of a user's job that finished under its claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishedRun {
+    /// The run covered the user's events up to this number ([`Claim::seq`]).
+    pub seq: u64,
+    pub outcome: SyncOutcome,
 }
 
 /// One change of a sandbox's status, as followers see it.
@@ -74,7 +89,9 @@ pub struct StatusChange {
 pub trait Store: Send + Sync + 'static {
     /// Records that `push` needs a sync of its user: creates the user's job or marks it owed
     /// again with this push as the newest. A run going on now is followed by exactly one more.
-    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, ()>;
+    /// Returns the event's number among the user's events (1, 2, ...): the first run whose
+    /// [`Claim::seq`] reaches it covers it.
+    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, u64>;
 
     /// Claims the owed job asked for longest ago (or one whose runner's lease ran out) for
     /// `owner`, holding it for `lease`. `None`: nothing to run now. Never a job another claim
@@ -93,9 +110,13 @@ pub trait Store: Send + Sync + 'static {
     /// out and another runner may have the job): stop running it.
     fn renew(&self, claim: Claim, lease: Duration) -> StoreFuture<'_, bool>;
 
-    /// Releases a claim. An event that arrived during the run leaves the job owed, so it runs
-    /// once more. `false`: the claim had already been lost.
-    fn finish(&self, claim: Claim) -> StoreFuture<'_, bool>;
+    /// Releases a claim and records how its run ended ([`Store::last_run`]). An event that
+    /// arrived during the run leaves the job owed, so it runs once more. `false`: the claim had
+    /// already been lost, and nothing is recorded.
+    fn finish(&self, claim: Claim, outcome: SyncOutcome) -> StoreFuture<'_, bool>;
+
+    /// The user's last finished run, `None` before the first.
+    fn last_run(&self, user: UserId) -> StoreFuture<'_, Option<FinishedRun>>;
 
     /// Remembers a branch update the proxy saw applied (bounded per user, expiring).
     fn record_push(&self, push: ExternalPush) -> StoreFuture<'_, ()>;
@@ -116,6 +137,10 @@ pub trait Store: Send + Sync + 'static {
     /// Status changes from now on, made by any replica (PostgreSQL: seen within a poll
     /// interval).
     fn status_changes(&self) -> broadcast::Receiver<StatusChange>;
+
+    /// Spends a sign-in link's nonce: `true` the first time, `false` when any replica spent it
+    /// before. Kept until [`USED_NONCE_MARGIN`] past `expires` (the link's expiry).
+    fn spend_link_nonce(&self, nonce: String, expires: SystemTime) -> StoreFuture<'_, bool>;
 
     /// The user's project token generation (0: never revoked).
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64>;
@@ -192,15 +217,15 @@ fn from_millis(ms: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or_default())
 }
 
-/// Runs `run` while renewing `claim` every third of `lease`. `false`: the lease was lost first
-/// (the store gave the job up, or could not be reached until the lease ran out), and `run` was
-/// dropped unfinished, since another runner may hold the job now.
-pub async fn run_holding(
+/// Runs `run` while renewing `claim` every third of `lease`, and returns its output. `None`:
+/// the lease was lost first (the store gave the job up, or could not be reached until the
+/// lease ran out), and `run` was dropped unfinished, since another runner may hold the job now.
+pub async fn run_holding<T>(
     store: &dyn Store,
     claim: &Claim,
     lease: Duration,
-    run: impl std::future::Future<Output = ()>,
-) -> bool {
+    run: impl std::future::Future<Output = T>,
+) -> Option<T> {
     let user = &claim.push.user;
     tokio::pin!(run);
     let mut held_until = tokio::time::Instant::now() + lease;
@@ -208,16 +233,16 @@ pub async fn run_holding(
     renew.tick().await;
     loop {
         tokio::select! {
-            () = &mut run => return true,
+            output = &mut run => return Some(output),
             _ = renew.tick() => match store.renew(claim.clone(), lease).await {
                 Ok(true) => held_until = tokio::time::Instant::now() + lease,
                 Ok(false) => {
                     tracing::error!(%user, "the sync job's lease was lost; stopping this run");
-                    return false;
+                    return None;
                 }
                 Err(e) if tokio::time::Instant::now() >= held_until => {
                     tracing::error!(%user, error = %e, "the sync job's lease cannot be renewed and ran out; stopping this run");
-                    return false;
+                    return None;
                 }
                 Err(e) => tracing::warn!(%user, error = %e, "cannot renew the sync job's lease yet"),
             },

@@ -11,15 +11,23 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::broadcast;
 
 use super::{
-    Claim, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
-    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreError, StoreFuture, from_millis,
+    Claim, FinishedRun, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
+    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreError, StoreFuture, USED_NONCE_MARGIN,
+    from_millis,
 };
 use crate::UserId;
 use crate::event::ExternalPush;
-use crate::orchestrate::SandboxStatus;
+use crate::orchestrate::{SandboxStatus, SyncOutcome};
 
 /// The migrations, in order: (version, SQL). A version is applied once, in one transaction.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/0001_shared_state.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/0001_shared_state.sql")),
+    (2, include_str!("../../migrations/0002_sync_outcomes.sql")),
+    (
+        3,
+        include_str!("../../migrations/0003_used_link_nonces.sql"),
+    ),
+];
 
 /// How often a replica looks for status changes other replicas made.
 pub const STATUS_POLL: Duration = Duration::from_millis(250);
@@ -98,6 +106,13 @@ fn push_of(row: &Row) -> Result<ExternalPush, StoreError> {
     })
 }
 
+fn outcome_of(text: &str) -> Result<SyncOutcome, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        what: "sync outcome",
+        message: e.to_string(),
+    })
+}
+
 fn status_of(text: &str) -> Result<SandboxStatus, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
         what: "sandbox status",
@@ -115,7 +130,7 @@ UPDATE sync_jobs j
          LIMIT 1
          FOR UPDATE SKIP LOCKED) c
  WHERE j.user_id = c.user_id
-RETURNING j.user_id, j.refname, j.new_oid";
+RETURNING j.user_id, j.refname, j.new_oid, j.events";
 
 impl PostgresStore {
     /// Applies the migrations this build knows and starts following status changes. Fails
@@ -158,6 +173,7 @@ impl PostgresStore {
             Ok(Claim {
                 push: push_of(&row)?,
                 owner,
+                seq: row.get::<_, i64>("events").unsigned_abs(),
             })
         })
         .transpose()
@@ -251,19 +267,24 @@ async fn follow_statuses(pool: Pool, changes: broadcast::Sender<StatusChange>, m
 }
 
 impl Store for PostgresStore {
-    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, ()> {
+    fn enqueue(&self, push: ExternalPush) -> StoreFuture<'_, u64> {
         Box::pin(async move {
-            self.execute(
-                "INSERT INTO sync_jobs (user_id, refname, new_oid, pending, pending_since)
-                 VALUES ($1, $2, $3, true, shmastra_now_ms())
-                 ON CONFLICT (user_id) DO UPDATE
-                    SET refname = EXCLUDED.refname, new_oid = EXCLUDED.new_oid, pending = true,
-                        pending_since = CASE WHEN sync_jobs.pending THEN sync_jobs.pending_since
-                                             ELSE EXCLUDED.pending_since END",
-                &[&push.user.as_str(), &push.refname, &push.new_oid],
-            )
-            .await
-            .map(|_| ())
+            let client = self.pool.get().await.map_err(unavailable)?;
+            let row = client
+                .query_one(
+                    "INSERT INTO sync_jobs (user_id, refname, new_oid, pending, pending_since, events)
+                     VALUES ($1, $2, $3, true, shmastra_now_ms(), 1)
+                     ON CONFLICT (user_id) DO UPDATE
+                        SET refname = EXCLUDED.refname, new_oid = EXCLUDED.new_oid, pending = true,
+                            pending_since = CASE WHEN sync_jobs.pending THEN sync_jobs.pending_since
+                                                 ELSE EXCLUDED.pending_since END,
+                            events = sync_jobs.events + 1
+                     RETURNING events",
+                    &[&push.user.as_str(), &push.refname, &push.new_oid],
+                )
+                .await
+                .map_err(query_error)?;
+            Ok(row.get::<_, i64>("events").unsigned_abs())
         })
     }
 
@@ -293,16 +314,42 @@ impl Store for PostgresStore {
         })
     }
 
-    fn finish(&self, claim: Claim) -> StoreFuture<'_, bool> {
+    fn finish(&self, claim: Claim, outcome: SyncOutcome) -> StoreFuture<'_, bool> {
         Box::pin(async move {
+            let outcome = serde_json::to_string(&outcome).map_err(|e| StoreError::Corrupt {
+                what: "sync outcome",
+                message: e.to_string(),
+            })?;
+            let seq = i64::try_from(claim.seq).unwrap_or(i64::MAX);
             let changed = self
                 .execute(
-                    "UPDATE sync_jobs SET owner = NULL, lease_until = NULL
+                    "UPDATE sync_jobs SET owner = NULL, lease_until = NULL, finished = $3, outcome = $4
                       WHERE user_id = $1 AND owner = $2",
-                    &[&claim.push.user.as_str(), &claim.owner],
+                    &[&claim.push.user.as_str(), &claim.owner, &seq, &outcome],
                 )
                 .await?;
             Ok(changed == 1)
+        })
+    }
+
+    fn last_run(&self, user: UserId) -> StoreFuture<'_, Option<FinishedRun>> {
+        Box::pin(async move {
+            let client = self.pool.get().await.map_err(unavailable)?;
+            let row = client
+                .query_opt(
+                    "SELECT finished, outcome FROM sync_jobs
+                      WHERE user_id = $1 AND finished IS NOT NULL AND outcome IS NOT NULL",
+                    &[&user.as_str()],
+                )
+                .await
+                .map_err(query_error)?;
+            row.map(|row| {
+                Ok(FinishedRun {
+                    seq: row.get::<_, i64>("finished").unsigned_abs(),
+                    outcome: outcome_of(row.get("outcome"))?,
+                })
+            })
+            .transpose()
         })
     }
 
@@ -425,6 +472,32 @@ impl Store for PostgresStore {
 
     fn status_changes(&self) -> broadcast::Receiver<StatusChange> {
         self.changes.subscribe()
+    }
+
+    fn spend_link_nonce(&self, nonce: String, expires: SystemTime) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let expires = expires
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, millis);
+            let mut client = self.pool.get().await.map_err(unavailable)?;
+            let tx = client.transaction().await.map_err(query_error)?;
+            tx.execute(
+                "DELETE FROM used_link_nonces WHERE expires_at < shmastra_now_ms() - $1",
+                &[&millis(USED_NONCE_MARGIN)],
+            )
+            .await
+            .map_err(query_error)?;
+            let inserted = tx
+                .execute(
+                    "INSERT INTO used_link_nonces (nonce, expires_at) VALUES ($1, $2)
+                     ON CONFLICT (nonce) DO NOTHING",
+                    &[&nonce, &expires],
+                )
+                .await
+                .map_err(query_error)?;
+            tx.commit().await.map_err(query_error)?;
+            Ok(inserted == 1)
+        })
     }
 
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {

@@ -41,10 +41,12 @@ use crate::provider::{LocalProvider, SandboxProvider};
 use crate::proxy::embedded::EmbeddedUpstream;
 use crate::proxy::events::{ExternalPush, OnExternalPush};
 use crate::secrets::{FormProblem, SecretValue};
+use crate::store::Store;
+use crate::store::memory::MemoryStore;
 use crate::token::TokenSigner;
 use sandboxes::LocalSandboxes;
-use signin::{LinkError, Session, SignIn, UsedNonces};
-use statuses::{LocalStatuses, StatusBoard};
+use signin::{LinkError, Session, SignIn};
+use statuses::{LocalStatuses, StatusBoard, StoreStatuses};
 use view::{PageData, ProjectLink};
 
 /// The session cookie's name.
@@ -168,9 +170,11 @@ struct Flash {
 
 struct Web<H> {
     sign_in: SignIn,
-    used: UsedNonces,
+    /// Where used sign-in links are remembered: the shared store, so a link signs in once
+    /// across replicas.
+    used: Arc<dyn Store>,
     signer: TokenSigner,
-    statuses: Arc<LocalStatuses>,
+    statuses: Arc<dyn StatusBoard>,
     backend: Backend<H>,
     public_url: Option<String>,
     started: Mutex<HashSet<UserId>>,
@@ -186,14 +190,22 @@ pub struct Workspace {
 }
 
 /// Builds the page over `host`. `listen` is serve's bound address: sandboxes on this machine
-/// push through it.
+/// push through it. With the replicas' shared `store`, statuses and used sign-in links are
+/// every replica's; without, this process's own.
 pub fn workspace<H: ProjectPages>(
     host: H,
     signer: TokenSigner,
     config: &WebConfig,
     listen: SocketAddr,
+    store: Option<Arc<dyn Store>>,
 ) -> std::io::Result<Workspace> {
-    let statuses = Arc::new(LocalStatuses::default());
+    let (statuses, used): (Arc<dyn StatusBoard>, Arc<dyn Store>) = match store {
+        Some(store) => (Arc::new(StoreStatuses::new(store.clone())), store),
+        None => (
+            Arc::new(LocalStatuses::default()),
+            Arc::new(MemoryStore::new()),
+        ),
+    };
     let loopback = match listen.ip() {
         ip if ip.is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), listen.port()),
         _ => listen,
@@ -220,7 +232,7 @@ pub fn workspace<H: ProjectPages>(
     };
     let web = Arc::new(Web {
         sign_in: SignIn::new(signer.clone()),
-        used: UsedNonces::default(),
+        used,
         signer,
         statuses,
         backend,
@@ -454,7 +466,7 @@ impl<H: ProjectPages> Web<H> {
             };
             match lifecycle.reprovision(&user, Vec::new()).await {
                 Ok(Reprovisioned::Present(_)) => {
-                    if web.statuses.status(user.as_str()).is_none() {
+                    if web.statuses.status(user.as_str()).await.is_none() {
                         web.statuses.set_status(user.as_str(), SandboxStatus::Ready);
                     }
                 }
@@ -472,6 +484,7 @@ impl<H: ProjectPages> Web<H> {
         if lifecycle.provider().connect(&user).await.is_err() {
             return;
         }
+        // A failed sync is in the status (the page shows it); only a lost sandbox is more.
         if let Err(e) = lifecycle.sync(&user).await {
             tracing::warn!(user = %user, error = %e, "sync after an external push failed");
         }
@@ -515,7 +528,7 @@ async fn login<H: ProjectPages>(
     Query(query): Query<LoginQuery>,
 ) -> Response {
     let redeemed = match query.t.as_deref() {
-        Some(link) => web.sign_in.redeem(link, &web.used),
+        Some(link) => web.sign_in.redeem(link, &*web.used).await,
         None => Err(LinkError::Invalid),
     };
     let user = match redeemed {
@@ -524,6 +537,7 @@ async fn login<H: ProjectPages>(
             tracing::info!(reason = %e, "sign-in link refused");
             let status = match e {
                 LinkError::Used => StatusCode::GONE,
+                LinkError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
                 LinkError::Invalid | LinkError::Expired => StatusCode::UNAUTHORIZED,
             };
             return message(status, "Sign-in refused", &e.to_string());
@@ -565,7 +579,7 @@ async fn workspace_page<H: ProjectPages>(
     let user = session.user.clone();
     web.ensure_sandbox(&user);
     let flash = web.take_flash(&user);
-    let status = web.statuses.status(user.as_str());
+    let status = web.statuses.status(user.as_str()).await;
     let link = match web.backend.orchestrator().host() {
         Some(host) => host.link(&user).await,
         None => HostLink::Unavailable,
@@ -610,29 +624,32 @@ async fn events<H: ProjectPages>(
         let web = web.clone();
         let user = session.user.clone();
         move || {
-            let status = web.statuses.status(user.as_str());
-            Ok::<_, Infallible>(Event::default().event("status").data(view::to_event_data(
-                view::status_fragment(
-                    user.as_str(),
-                    &csrf,
-                    status.as_ref(),
-                    web.backend.lifecycle().is_some(),
-                    &[],
-                ),
-            )))
+            let (web, user, csrf) = (web.clone(), user.clone(), csrf.clone());
+            async move {
+                let status = web.statuses.status(user.as_str()).await;
+                Ok::<_, Infallible>(Event::default().event("status").data(view::to_event_data(
+                    view::status_fragment(
+                        user.as_str(),
+                        &csrf,
+                        status.as_ref(),
+                        web.backend.lifecycle().is_some(),
+                        &[],
+                    ),
+                )))
+            }
         }
     };
-    let first = stream::once(std::future::ready(render()));
+    let first = stream::once(render());
     let user = session.user.to_string();
     let later = stream::unfold(
         (changes, render, user),
         |(mut changes, render, user)| async move {
             loop {
                 match changes.recv().await {
-                    Ok((sandbox, _)) if sandbox != user => continue,
+                    Ok(change) if change.sandbox != user => continue,
                     // Behind: the latest status is all the page needs.
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        let event = render();
+                        let event = render().await;
                         return Some((event, (changes, render, user)));
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
@@ -656,7 +673,7 @@ async fn history<H: ProjectPages>(
     };
     let saves = web.history_of(&session.user).await;
     let csrf = web.sign_in.csrf(&session);
-    let status = web.statuses.status(session.user.as_str());
+    let status = web.statuses.status(session.user.as_str()).await;
     html(
         StatusCode::OK,
         view::history_fragment(
@@ -730,7 +747,7 @@ async fn restore_version<H: ProjectPages>(
             "That is not a save id.",
         );
     }
-    let status = web.statuses.status(session.user.as_str());
+    let status = web.statuses.status(session.user.as_str()).await;
     if !view::can_restore(status.as_ref(), web.backend.lifecycle().is_some()) {
         return message(
             StatusCode::CONFLICT,
@@ -792,7 +809,7 @@ async fn restore_project<H: ProjectPages>(
         return see_other(&page);
     };
     if !matches!(
-        web.statuses.status(user.as_str()),
+        web.statuses.status(user.as_str()).await,
         Some(SandboxStatus::NeedsSecrets { .. })
     ) {
         web.put_flash(

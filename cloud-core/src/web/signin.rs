@@ -4,10 +4,9 @@
 //!
 //! A link is `l1.<user>.<expires>.<nonce>.<mac>`; a session is `s1.<user>.<expires>.<id>.<mac>`
 //! (user, nonce, id and MAC base64url; `expires` Unix seconds). "One-time" needs the used
-//! nonces remembered until their link expires: [`UsedNonces`] keeps them in this process.
+//! nonces remembered until their link expires: the state store keeps them
+//! ([`Store::spend_link_nonce`]), so a link redeemed on one replica is refused on every other.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -16,6 +15,7 @@ use subtle::ConstantTimeEq;
 
 use crate::UserId;
 use crate::orchestrate::short_duration;
+use crate::store::Store;
 use crate::token::TokenSigner;
 
 const LINK_DOMAIN: &[u8] = b"shmastra-login-link-v1\0";
@@ -33,6 +33,9 @@ const MAX_SIGNED_LEN: usize = 512;
 /// Why a sign-in link was refused. The page shows each with its own status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LinkError {
+    /// The store of used links did not answer: nothing was spent, the link works later.
+    #[error("sign-in is not possible right now: try the same link again in a minute")]
+    Unavailable,
     #[error("this sign-in link is not valid: it was not made by this server, or it was cut")]
     Invalid,
     #[error("this sign-in link expired: ask for a new one")]
@@ -149,18 +152,26 @@ impl SignIn {
         ))
     }
 
-    /// Checks a link and spends its nonce: a second use is [`LinkError::Used`].
-    pub(crate) fn redeem(&self, link: &str, used: &UsedNonces) -> Result<UserId, LinkError> {
+    /// Checks a link and spends its nonce in `used`: a second use, on any replica sharing the
+    /// store, is [`LinkError::Used`].
+    pub(crate) async fn redeem(&self, link: &str, used: &dyn Store) -> Result<UserId, LinkError> {
         let (user, expires, nonce) =
             open(&self.signer, LINK_DOMAIN, LINK_VERSION, link).ok_or(LinkError::Invalid)?;
-        let now = now();
-        if now >= expires {
+        if now() >= expires {
             return Err(LinkError::Expired);
         }
-        if !used.spend(nonce, expires, now) {
-            return Err(LinkError::Used);
+        let until = UNIX_EPOCH + Duration::from_secs(expires);
+        match used
+            .spend_link_nonce(URL_SAFE_NO_PAD.encode(nonce), until)
+            .await
+        {
+            Ok(true) => Ok(user),
+            Ok(false) => Err(LinkError::Used),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record a used sign-in link");
+                Err(LinkError::Unavailable)
+            }
         }
-        Ok(user)
     }
 
     /// A new session cookie value for `user`.
@@ -192,24 +203,11 @@ impl SignIn {
     }
 }
 
-/// The nonces of redeemed links, each kept until its link expires (after that the link is
-/// refused as expired anyway). In-process: a link is one-time per replica until the shared
-/// state store keeps them.
-#[derive(Default)]
-pub struct UsedNonces(Mutex<HashMap<[u8; 16], u64>>);
-
-impl UsedNonces {
-    /// Records `nonce`; `false` when it was already spent.
-    fn spend(&self, nonce: [u8; 16], expires: u64, now: u64) -> bool {
-        let mut used = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        used.retain(|_, until| *until > now);
-        used.insert(nonce, expires).is_none()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::store::memory::MemoryStore;
 
     fn sign_in() -> SignIn {
         SignIn::new(TokenSigner::new(&[7u8; 32]).unwrap())
@@ -219,37 +217,46 @@ mod tests {
         UserId::parse("alice").unwrap()
     }
 
-    #[test]
-    fn a_link_signs_in_once() {
+    #[tokio::test]
+    async fn a_link_signs_in_once() {
         let s = sign_in();
-        let used = UsedNonces::default();
+        let used = MemoryStore::new();
         let link = s.link(&alice(), Duration::from_secs(60)).unwrap();
-        assert_eq!(s.redeem(&link, &used), Ok(alice()));
-        assert_eq!(s.redeem(&link, &used), Err(LinkError::Used));
+        assert_eq!(s.redeem(&link, &used).await, Ok(alice()));
+        assert_eq!(s.redeem(&link, &used).await, Err(LinkError::Used));
         let other = s.link(&alice(), Duration::from_secs(60)).unwrap();
-        assert_eq!(s.redeem(&other, &used), Ok(alice()));
+        assert_eq!(s.redeem(&other, &used).await, Ok(alice()));
     }
 
-    #[test]
-    fn expired_forged_and_foreign_links_are_refused() {
+    #[tokio::test]
+    async fn expired_forged_and_foreign_links_are_refused() {
         let s = sign_in();
-        let used = UsedNonces::default();
+        let used = MemoryStore::new();
         let expired = s.link(&alice(), Duration::ZERO).unwrap();
-        assert_eq!(s.redeem(&expired, &used), Err(LinkError::Expired));
+        assert_eq!(s.redeem(&expired, &used).await, Err(LinkError::Expired));
         let link = s.link(&alice(), Duration::from_secs(60)).unwrap();
         let other_secret = SignIn::new(TokenSigner::new(&[8u8; 32]).unwrap());
-        assert_eq!(other_secret.redeem(&link, &used), Err(LinkError::Invalid));
+        assert_eq!(
+            other_secret.redeem(&link, &used).await,
+            Err(LinkError::Invalid)
+        );
         // Another user's name under alice's MAC.
         let mut parts: Vec<String> = link.split('.').map(str::to_owned).collect();
         parts[1] = URL_SAFE_NO_PAD.encode("bob");
-        assert_eq!(s.redeem(&parts.join("."), &used), Err(LinkError::Invalid));
+        assert_eq!(
+            s.redeem(&parts.join("."), &used).await,
+            Err(LinkError::Invalid)
+        );
         // A later expiry under the same MAC.
         let mut parts: Vec<String> = link.split('.').map(str::to_owned).collect();
         parts[2] = (parts[2].parse::<u64>().unwrap() + 3600).to_string();
-        assert_eq!(s.redeem(&parts.join("."), &used), Err(LinkError::Invalid));
+        assert_eq!(
+            s.redeem(&parts.join("."), &used).await,
+            Err(LinkError::Invalid)
+        );
         // A session is not a link, nor a link a session.
         assert_eq!(
-            s.redeem(&s.session(&alice()), &used),
+            s.redeem(&s.session(&alice()), &used).await,
             Err(LinkError::Invalid)
         );
         assert_eq!(s.check_session(&link), None);
