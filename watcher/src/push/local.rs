@@ -78,7 +78,9 @@ pub(crate) fn push(repo: &Repository, dir: &Path, head: Oid, dst: &str) -> Resul
             ) =>
         {
             let now = tip(&remote, dst).map_err(store)?;
-            send_pack::fast_forward(repo, now, head, dst)?;
+            if send_pack::fast_forward(repo, now, head, dst)? == Sent::UpToDate {
+                return Ok(Sent::UpToDate);
+            }
             Err(SendError::Refused {
                 refname: dst.to_owned(),
                 reason: format!("failed to update ref: {}", e.message()),
