@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use git2::{DiffOptions, Oid, Repository, Signature};
+use git2::{ObjectType, Oid, Repository, Signature, Tree, TreeEntry};
 
 use crate::status::VERSION;
 
@@ -96,10 +96,7 @@ pub fn commit_tree(repo: &Repository, tree: Oid) -> Result<Option<Committed>, gi
     if parent.is_none() && new_tree.is_empty() {
         return Ok(None);
     }
-    let mut opts = DiffOptions::new();
-    opts.ignore_submodules(false);
-    let diff = repo.diff_tree_to_tree(parent_tree.as_ref(), Some(&new_tree), Some(&mut opts))?;
-    let paths = diff_paths(&diff);
+    let paths = changed_paths(repo, parent_tree.as_ref(), &new_tree)?;
     if paths.is_empty() {
         return Ok(None);
     }
@@ -120,6 +117,75 @@ pub fn commit_tree(repo: &Repository, tree: Oid) -> Result<Option<Committed>, gi
         id,
         files_changed: paths.len(),
     }))
+}
+
+/// The paths whose blob, mode or gitlink differs between `old` (none: the empty tree) and
+/// `new`, in git's order, as `git diff-tree -r --name-only` lists them: the two trees are
+/// walked side by side and a subtree whose id did not change is skipped whole, so the cost
+/// grows with the change, not with the tree (libgit2's tree-to-tree diff reads every tree of
+/// both). A path that changed type (a file that became a symlink) is listed once; a file that
+/// became a directory lists the file and every path below the directory.
+pub fn changed_paths(
+    repo: &Repository,
+    old: Option<&Tree<'_>>,
+    new: &Tree<'_>,
+) -> Result<Vec<String>, git2::Error> {
+    let mut paths = Vec::new();
+    diff_trees(repo, old, Some(new), &mut Vec::new(), &mut paths)?;
+    Ok(paths.iter().map(|p| show_path(p)).collect())
+}
+
+/// An entry's place in git's tree order: its name, with a `/` after a directory's.
+fn sort_key(entry: &TreeEntry<'_>) -> Vec<u8> {
+    let mut key = entry.name_bytes().to_vec();
+    if entry.kind() == Some(ObjectType::Tree) {
+        key.push(b'/');
+    }
+    key
+}
+
+/// Appends to `out` the paths (under `prefix`) that differ between `old` and `new`.
+fn diff_trees(
+    repo: &Repository,
+    old: Option<&Tree<'_>>,
+    new: Option<&Tree<'_>>,
+    prefix: &mut Vec<u8>,
+    out: &mut Vec<Vec<u8>>,
+) -> Result<(), git2::Error> {
+    let mut old_entries = old.into_iter().flat_map(Tree::iter).peekable();
+    let mut new_entries = new.into_iter().flat_map(Tree::iter).peekable();
+    loop {
+        let order = match (old_entries.peek(), new_entries.peek()) {
+            (None, None) => return Ok(()),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some(o), Some(n)) => sort_key(o).cmp(&sort_key(n)),
+        };
+        let (before, after) = match order {
+            std::cmp::Ordering::Less => (old_entries.next(), None),
+            std::cmp::Ordering::Greater => (None, new_entries.next()),
+            std::cmp::Ordering::Equal => (old_entries.next(), new_entries.next()),
+        };
+        if let (Some(b), Some(a)) = (&before, &after)
+            && b.id() == a.id()
+            && b.filemode() == a.filemode()
+        {
+            continue;
+        }
+        let entry = after.as_ref().or(before.as_ref()).expect("one side has it");
+        let len = prefix.len();
+        prefix.extend_from_slice(entry.name_bytes());
+        if entry.kind() == Some(ObjectType::Tree) {
+            let tree =
+                |e: &Option<TreeEntry<'_>>| e.as_ref().map(|e| repo.find_tree(e.id())).transpose();
+            let (before, after) = (tree(&before)?, tree(&after)?);
+            prefix.push(b'/');
+            diff_trees(repo, before.as_ref(), after.as_ref(), prefix, out)?;
+        } else {
+            out.push(prefix.clone());
+        }
+        prefix.truncate(len);
+    }
 }
 
 /// `autosave: <what changed>`, the first paths, and the trailers.
@@ -328,6 +394,134 @@ mod tests {
             assert_eq!(Kind::parse(kind.as_str()), Some(kind));
         }
         assert_eq!(Kind::parse("nonsense"), None);
+    }
+
+    /// Paths that collide every way a tree can: a file and a directory of one name, names that
+    /// sort around `/` (`a.b`, `a-b`, `a0`), a name with a newline, depth.
+    const UNIVERSE: [&str; 11] = [
+        "a",
+        "a/b",
+        "a/c/d",
+        "a.b",
+        "a-b",
+        "a0",
+        "b/x",
+        "b/y/z",
+        "b/y/zz",
+        "c",
+        "new\nline",
+    ];
+
+    /// One version of a tree: for each path of [`UNIVERSE`], absent or `(kind, content)` with
+    /// kind 0 a file, 1 an executable, 2 a symlink, 3 a gitlink.
+    fn version() -> impl proptest::strategy::Strategy<Value = Vec<Option<(u8, u8)>>> {
+        proptest::collection::vec(proptest::option::of((0u8..4, 0u8..3)), UNIVERSE.len())
+    }
+
+    /// The tree of `version` (a path under one that is kept as a file is left out).
+    fn build(repo: &Repository, version: &[Option<(u8, u8)>]) -> Oid {
+        let mut index = git2::Index::new().unwrap();
+        let mut files: Vec<&str> = Vec::new();
+        for (path, entry) in UNIVERSE.iter().zip(version) {
+            let Some((kind, content)) = entry else {
+                continue;
+            };
+            if files
+                .iter()
+                .any(|f| path.starts_with(&format!("{f}/")) || f.starts_with(&format!("{path}/")))
+            {
+                continue;
+            }
+            files.push(path);
+            let (mode, id) = match kind {
+                3 => (
+                    0o160000,
+                    Oid::hash_object(git2::ObjectType::Commit, &[*content]).unwrap(),
+                ),
+                _ => {
+                    let mode = [0o100644, 0o100755, 0o120000][*kind as usize];
+                    (mode, repo.blob(format!("{content}\n").as_bytes()).unwrap())
+                }
+            };
+            index
+                .add(&git2::IndexEntry {
+                    ctime: git2::IndexTime::new(0, 0),
+                    mtime: git2::IndexTime::new(0, 0),
+                    dev: 0,
+                    ino: 0,
+                    mode,
+                    uid: 0,
+                    gid: 0,
+                    file_size: 0,
+                    id,
+                    flags: 0,
+                    flags_extended: 0,
+                    path: path.as_bytes().to_vec(),
+                })
+                .unwrap();
+        }
+        index.write_tree_to(repo).unwrap()
+    }
+
+    /// Differential: for generated pairs of trees, the paths the commit message lists are
+    /// those real git's `git diff-tree -r --name-only` lists, in its order.
+    #[test]
+    fn changed_paths_are_those_git_diff_tree_lists() {
+        use proptest::test_runner::{Config, TestRunner};
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64);
+        let tmp = tempfile::tempdir().unwrap();
+        testkit::git::init_repo(tmp.path());
+        let repo = Repository::open(tmp.path()).unwrap();
+        let checked = std::cell::Cell::new(0u32);
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&(version(), version()), |(old, new)| {
+                let (old, new) = (build(&repo, &old), build(&repo, &new));
+                let out = testkit::git::git_output(
+                    tmp.path(),
+                    [
+                        "diff-tree",
+                        "-r",
+                        "--name-only",
+                        "-z",
+                        &old.to_string(),
+                        &new.to_string(),
+                    ],
+                );
+                proptest::prop_assert!(out.status.success());
+                let expected: Vec<String> = out
+                    .stdout
+                    .split(|b| *b == 0)
+                    .filter(|p| !p.is_empty())
+                    .map(show_path)
+                    .collect();
+                let old = repo.find_tree(old).unwrap();
+                let new = repo.find_tree(new).unwrap();
+                proptest::prop_assert_eq!(
+                    changed_paths(&repo, Some(&old), &new).unwrap(),
+                    expected
+                );
+                checked.set(checked.get() + 1);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(checked.get(), cases, "every case reached the oracle");
+        let empty = repo.find_tree(build(&repo, &[])).unwrap();
+        let all = repo
+            .find_tree(build(&repo, &[Some((0, 0)); UNIVERSE.len()]))
+            .unwrap();
+        assert_eq!(
+            changed_paths(&repo, None, &all).unwrap(),
+            changed_paths(&repo, Some(&empty), &all).unwrap(),
+            "no parent is the empty tree"
+        );
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! backoff of [`crate::retry`] after a failure, and sends a non-fast-forward to
 //! `refs/heads/recovery/<UTC timestamp>` (never forcing). [`remote`] talks to the server: over
 //! HTTP(S) through [`send_pack`], the watcher's own receive-pack client, which sends only the
-//! objects the new commits added ([`objects`]); other remotes (paths, `file://`) through
-//! libgit2. The worker sees the remote only through the [`Remote`] trait, so its scheduling is
+//! objects the new commits added ([`objects`]); to a repository on this machine (a path,
+//! `file://`) by writing those objects into it and moving its ref in process ([`local`]). The worker sees the remote only through the [`Remote`] trait, so its scheduling is
 //! tested with a paused clock and no network.
 
+mod local;
 mod objects;
 mod remote;
 mod send_pack;

@@ -1,12 +1,10 @@
 //! The push stage's side of the server: one push of a head to a ref (over HTTP(S) with
-//! [`super::send_pack`], else libgit2), the fetch of the branch after a non-fast-forward, and
+//! [`super::send_pack`], to a path in process with [`super::local`]), the fetch of the branch after a non-fast-forward, and
 //! failure messages that say what happened and never carry a credential.
-
-use std::cell::RefCell;
 
 use std::path::PathBuf;
 
-use git2::{Oid, PushOptions, Repository};
+use git2::{Oid, Repository};
 
 use super::send_pack::{self, SendError, Sent};
 use super::{PushFailure, Remote, redact_url, url_userinfo};
@@ -20,7 +18,7 @@ pub(crate) struct GitRemote {
     settings: RemoteSettings,
 }
 
-/// Whether the watcher's own client speaks to `url` (libgit2's local transport takes the rest).
+/// Whether `url` is a smart-HTTP remote (any other is a repository on this machine).
 fn is_http(url: &str) -> bool {
     let lower = url.to_ascii_lowercase();
     lower.starts_with("http://") || lower.starts_with("https://")
@@ -132,7 +130,9 @@ impl GitRemote {
                 let kind = match &e {
                     SendError::NonFastForward { .. } => FailureKind::NonFastForward,
                     SendError::Refused { reason, .. } => retry::classify_ref_rejection(reason),
-                    SendError::Unpack { .. } | SendError::Fatal(_) => FailureKind::Server,
+                    SendError::Unpack { .. } | SendError::Fatal(_) | SendError::Store { .. } => {
+                        FailureKind::Server
+                    }
                     SendError::Protocol(_) => FailureKind::Rejected,
                     SendError::Local(_) | SendError::Transport(_) => FailureKind::Local,
                 };
@@ -142,43 +142,6 @@ impl GitRemote {
                 })
             }
         }
-    }
-
-    /// Pushes to a path or `file://` remote through libgit2's local transport.
-    fn push_with_libgit2(
-        &self,
-        mut remote: git2::Remote<'_>,
-        url: &str,
-        head: Oid,
-        dst: &str,
-    ) -> Result<(), PushFailure> {
-        let refused: RefCell<Vec<(String, String)>> = RefCell::new(Vec::new());
-        let result = {
-            let mut callbacks = git2::RemoteCallbacks::new();
-            callbacks.push_update_reference(|refname, status| {
-                if let Some(message) = status {
-                    refused
-                        .borrow_mut()
-                        .push((refname.to_owned(), message.to_owned()));
-                }
-                Ok(())
-            });
-            let mut options = PushOptions::new();
-            options.remote_callbacks(callbacks);
-            remote.push(&[format!("{head}:{dst}")], Some(&mut options))
-        };
-        if let Err(e) = result {
-            return Err(self.network_failure(url, &e));
-        }
-        if let Some((refname, message)) = refused.into_inner().into_iter().next() {
-            let kind = retry::classify_ref_rejection(&message);
-            let detail = format!("the server rejected {refname}: {message}");
-            return Err(PushFailure {
-                kind,
-                message: self.describe(kind, url, &detail, false),
-            });
-        }
-        Ok(())
     }
 
     /// Records a confirmed push as `git push` does: each fetch refspec of the remote that
@@ -256,16 +219,8 @@ impl Remote for GitRemote {
             let result = send_pack::send(&repo, &mut send_pack::Http::new(&http, &url), head, dst);
             self.sent(&url, result)?;
         } else {
-            match send_pack::Local::start(&self.local_path(&url)) {
-                Ok(mut local) => {
-                    let result = send_pack::send(&repo, &mut local, head, dst);
-                    self.sent(&url, result)?;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "git cannot run; pushing through libgit2");
-                    self.push_with_libgit2(remote, &url, head, dst)?;
-                }
-            }
+            let result = super::local::push(&repo, &self.local_path(&url), head, dst);
+            self.sent(&url, result)?;
         }
         self.record(&repo, head, dst)
     }

@@ -8,12 +8,10 @@
 //! info/refs?service=git-receive-pack`, then `POST git-receive-pack`, both through
 //! [`crate::smart_http`], so they carry the User-Agent with the watcher's tag, the operation's
 //! credentials (sent once, never after a refusal) and the timeouts that fail a stalled attempt;
-//! the pack streams to the server as it is written. [`Local`], as git's local transport: `git
-//! receive-pack <dir>` on pipes, for a remote that is a path or a `file://` URL.
+//! the pack streams to the server as it is written. A remote that is a path or a `file://` URL
+//! is pushed in process instead ([`super::local`]).
 
 use std::io::{self, Read, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use git_wire::advertisement::Advertisement;
 use git_wire::pkt_line::FLUSH;
@@ -59,6 +57,13 @@ pub(crate) enum SendError {
     /// Reading the local objects or building the pack failed.
     #[error("cannot build the pack: {}", .0.message())]
     Local(git2::Error),
+    /// A remote on this machine could not take the objects or the ref update (disk full,
+    /// permissions, a broken repository).
+    #[error("cannot write into the repository at {}: {}", dir.display(), source.message())]
+    Store {
+        dir: std::path::PathBuf,
+        source: git2::Error,
+    },
 }
 
 fn remote_said(said: &str) -> String {
@@ -103,18 +108,12 @@ pub(crate) fn send(
 ) -> Result<Sent, SendError> {
     let advertisement = conversation.advertisement()?;
     let old = advertisement.oid_of(dst).unwrap_or(ZERO_OID).to_owned();
-    if old != ZERO_OID {
-        let old_oid = Oid::from_str(&old).map_err(SendError::Local)?;
-        if old_oid == head {
-            return Ok(Sent::UpToDate);
-        }
-        let contained = repo.find_commit(old_oid).is_ok()
-            && repo.graph_descendant_of(head, old_oid).unwrap_or(false);
-        if !contained {
-            return Err(SendError::NonFastForward {
-                refname: dst.to_owned(),
-            });
-        }
+    let old_oid = match old.as_str() {
+        ZERO_OID => None,
+        hex => Some(Oid::from_str(hex).map_err(SendError::Local)?),
+    };
+    if fast_forward(repo, old_oid, head, dst)? == Sent::UpToDate {
+        return Ok(Sent::UpToDate);
     }
     let hidden: Vec<Oid> = advertisement
         .refs
@@ -201,6 +200,33 @@ pub(crate) fn send(
     })
 }
 
+/// Whether moving `dst` from `old` (none: it does not exist) to `head` is a fast-forward, as
+/// git's client checks before sending anything: `UpToDate` when it already holds `head`,
+/// `Updated` (with nothing sent yet) when it may move, `NonFastForward` when `old` is not in
+/// `head`'s history (or unknown here), since pushing would lose it.
+pub(crate) fn fast_forward(
+    repo: &git2::Repository,
+    old: Option<Oid>,
+    head: Oid,
+    dst: &str,
+) -> Result<Sent, SendError> {
+    let Some(old) = old else {
+        return Ok(Sent::Updated { objects: 0 });
+    };
+    if old == head {
+        return Ok(Sent::UpToDate);
+    }
+    let contained =
+        repo.find_commit(old).is_ok() && repo.graph_descendant_of(head, old).unwrap_or(false);
+    if contained {
+        Ok(Sent::Updated { objects: 0 })
+    } else {
+        Err(SendError::NonFastForward {
+            refname: dst.to_owned(),
+        })
+    }
+}
+
 /// The conversation with a smart-HTTP server: `GET info/refs`, then one `POST`, both made
 /// by [`SmartHttp`] (User-Agent, credentials, timeouts, redirects within the origin).
 pub(crate) struct Http<'a> {
@@ -250,162 +276,6 @@ impl Conversation for Http<'_> {
 
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.post()?.read(buf)
-    }
-}
-
-/// The conversation with a repository on this machine: `git receive-pack <dir>` on pipes, as
-/// git's own local transport runs it (without the caller's repository variables).
-pub(crate) struct Local {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: Option<ChildStdout>,
-    stderr: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Local {
-    /// Starts `git receive-pack` for `dir`; an error when git cannot be run.
-    pub(crate) fn start(dir: &Path) -> io::Result<Self> {
-        let mut command = Command::new("git");
-        command
-            .arg("receive-pack")
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for variable in LOCAL_REPO_ENV {
-            command.env_remove(variable);
-        }
-        let mut child = command.spawn()?;
-        let (Some(stdin), Some(stdout), Some(mut stderr)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(io::Error::other(
-                "git receive-pack started without its pipes",
-            ));
-        };
-        // Drained on a thread so a talkative hook never blocks the child on a full pipe; the
-        // first bytes are kept for messages.
-        let stderr = std::thread::spawn(move || {
-            let mut kept = Vec::new();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let room = git_wire::report_status::MAX_SAID.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-            }
-            String::from_utf8_lossy(&kept).into_owned()
-        });
-        Ok(Self {
-            child,
-            stdin: Some(stdin),
-            stdout: Some(stdout),
-            stderr: Some(stderr),
-        })
-    }
-
-    /// What git printed on stderr so far, once it has exited (or nothing).
-    fn stderr_text(&mut self) -> String {
-        self.stdin = None;
-        self.stdout = None;
-        let _ = self.child.wait();
-        self.stderr
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
-    }
-}
-
-impl Local {
-    fn stdout(&mut self) -> Result<&mut ChildStdout, SendError> {
-        self.stdout
-            .as_mut()
-            .ok_or_else(|| SendError::Protocol("git receive-pack already ended".to_owned()))
-    }
-}
-
-/// The variables that name the caller's repository, which a child git working on another
-/// repository must not see (git's `local_repo_env`).
-const LOCAL_REPO_ENV: [&str; 9] = [
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_COMMON_DIR",
-    "GIT_NAMESPACE",
-    "GIT_PREFIX",
-    "GIT_SHALLOW_FILE",
-];
-
-impl Conversation for Local {
-    fn advertisement(&mut self) -> Result<Advertisement, SendError> {
-        // The child keeps its stdout open: read packets up to the flush that ends the refs.
-        let mut body = Vec::new();
-        loop {
-            let mut header = [0u8; 4];
-            if let Err(e) = self.stdout()?.read_exact(&mut header) {
-                let said = self.stderr_text();
-                return Err(SendError::Transport(io::Error::new(
-                    e.kind(),
-                    format!(
-                        "git receive-pack ended before its advertisement: {}",
-                        said.trim()
-                    ),
-                )));
-            }
-            body.extend_from_slice(&header);
-            let len = std::str::from_utf8(&header)
-                .ok()
-                .and_then(|h| usize::from_str_radix(h, 16).ok())
-                .ok_or_else(|| SendError::Protocol("a malformed pkt-line length".to_owned()))?;
-            if len == 0 {
-                break;
-            }
-            if len < 4 || body.len() as u64 > MAX_ADVERTISEMENT {
-                return Err(SendError::Protocol("a malformed advertisement".to_owned()));
-            }
-            let start = body.len();
-            body.resize(start + len - 4, 0);
-            self.stdout()?
-                .read_exact(&mut body[start..])
-                .map_err(SendError::Transport)?;
-        }
-        Advertisement::parse(&body).map_err(|e| SendError::Protocol(e.to_string()))
-    }
-
-    fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
-        match &mut self.stdin {
-            Some(stdin) => stdin.write_all(bytes),
-            None => Err(io::Error::other("the request already ended")),
-        }
-    }
-
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stdin = None;
-        self.stdout()
-            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?
-            .read(buf)
-    }
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        // A conversation that ends early (up to date, non-fast-forward, an error) ends the
-        // child's command list with a flush, as git does; it then exits on its own.
-        if let Some(mut stdin) = self.stdin.take() {
-            let _ = stdin.write_all(FLUSH);
-        }
-        // Whatever it still says after the report (a post-receive hook's output) goes nowhere
-        // rather than filling a pipe nobody reads.
-        self.stdout = None;
-        let _ = self.child.wait();
-        if let Some(stderr) = self.stderr.take() {
-            let _ = stderr.join();
-        }
     }
 }
 
