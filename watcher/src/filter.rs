@@ -16,6 +16,7 @@
 //! which keeps watching their directories.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -219,6 +220,23 @@ impl Filter {
         false
     }
 
+    /// The rules that judge the entries of the kept directory `dir`, looked up once for all of
+    /// them (a walk judges a whole listing with it): [`DirRules::is_ignored`] of a name in
+    /// `dir` is [`Filter::is_ignored`] of `dir/name`.
+    pub fn dir_rules(&self, dir: &Path) -> DirRules<'_> {
+        let chain = dir
+            .ancestors()
+            .filter_map(|d| self.per_dir.get(d))
+            .map(Arc::as_ref)
+            .collect();
+        DirRules {
+            chain,
+            repo_rules: &self.repo_rules,
+            dir_always_ignored: dir.components().any(|c| c.as_os_str() == ".git"),
+            abs: self.workdir.join(dir),
+        }
+    }
+
     /// Whether an untracked `rel` lies outside the sparse checkout, where `git add -A` adds
     /// nothing: the nearest of it and its directories that a pattern matches decides.
     pub fn outside_sparse(&self, rel: &Path, is_dir: bool) -> bool {
@@ -321,6 +339,39 @@ impl TrackedIgnored {
 }
 
 /// `.git` at any depth, and env files: never saved, even when tracked.
+/// The rules of one directory's entries ([`Filter::dir_rules`]): its own `.gitignore` and
+/// those of the directories above it, nearest first, then the repository's.
+pub struct DirRules<'a> {
+    chain: Vec<&'a Gitignore>,
+    repo_rules: &'a [Arc<Gitignore>],
+    dir_always_ignored: bool,
+    /// The directory's absolute path; each entry's name is pushed on and popped off it.
+    abs: PathBuf,
+}
+
+impl DirRules<'_> {
+    /// Whether the entry `name` of the directory is ignored, assuming the directory is not.
+    pub fn is_ignored(&mut self, name: &OsStr, is_dir: bool) -> bool {
+        if self.dir_always_ignored || name == ".git" || name.to_str().is_some_and(is_env_file_name)
+        {
+            return true;
+        }
+        self.abs.push(name);
+        let decided = self
+            .chain
+            .iter()
+            .copied()
+            .chain(self.repo_rules.iter().map(Arc::as_ref))
+            .find_map(|rules| match rules.matched(&self.abs, is_dir) {
+                Match::Ignore(_) => Some(true),
+                Match::Whitelist(_) => Some(false),
+                Match::None => None,
+            });
+        self.abs.pop();
+        decided.unwrap_or(false)
+    }
+}
+
 pub fn is_always_ignored(rel: &Path) -> bool {
     rel.components().any(|c| c.as_os_str() == ".git")
         || rel

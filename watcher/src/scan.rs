@@ -179,15 +179,22 @@ where
             }
             continue;
         };
+        // A nested repository's `.git` is entered after the listing, which is judged by the
+        // rules of `dir` looked up once.
+        let mut git_dirs = Vec::new();
+        let mut rules = dirs.rules().dir_rules(&dir);
         for (rel, file_type, entry) in listing {
+            let Some(name) = rel.file_name() else {
+                continue;
+            };
             if file_type.is_dir() {
-                if !dir.as_os_str().is_empty() && rel.file_name().is_some_and(|n| n == ".git") {
+                if !dir.as_os_str().is_empty() && name == ".git" {
                     if watching {
-                        dirs.enter(&rel, true);
+                        git_dirs.push(rel);
                     }
                     continue;
                 }
-                let ignored = inside_ignored || dirs.rules().is_ignored(&rel, true);
+                let ignored = inside_ignored || rules.is_ignored(name, true);
                 let mut stage_it = false;
                 if staged && !ignored {
                     match entries.in_index(&rel) {
@@ -205,15 +212,18 @@ where
                     stack.push((rel, ignored, stage_it));
                 }
             } else if staged && (file_type.is_file() || file_type.is_symlink()) {
-                let rules = dirs.rules();
                 // Tracked files outside a sparse checkout are refreshed from the index.
-                if !rules.is_ignored(&rel, false)
-                    && !rules.outside_sparse(&rel, false)
+                if !rules.is_ignored(name, false)
+                    && !dirs.rules().outside_sparse(&rel, false)
                     && let Ok(meta) = entry.metadata()
                 {
                     entries.found(rel, EntryKind::File(meta));
                 }
             }
+        }
+        drop(rules);
+        for git_dir in git_dirs {
+            dirs.enter(&git_dir, true);
         }
     }
 }

@@ -131,6 +131,18 @@ proptest! {
         if nested.is_some() && !filter.is_kept(Path::new("x/.gitignore"), false) {
             ours.insert("x/.gitignore".to_owned());
         }
+        // The walk's way: each path's directories and then itself judged one listing at a
+        // time by that directory's rules, looked up once.
+        let mut by_listing = BTreeSet::new();
+        for file in FILES.iter().chain([".gitignore", "x/.gitignore"].iter()) {
+            if *file == "x/.gitignore" && nested.is_none() {
+                continue;
+            }
+            if !kept_by_listings(&filter, Path::new(file)) {
+                by_listing.insert((*file).to_owned());
+            }
+        }
+        prop_assert_eq!(&by_listing, &git_ignored, "by listing: lines {:?} nested {:?}", lines, nested);
         if !git_ignored.is_empty() {
             let reached = REACHED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             if reached.is_multiple_of(64) {
@@ -139,4 +151,19 @@ proptest! {
         }
         prop_assert_eq!(ours, git_ignored, "lines {:?} nested {:?}", lines, nested);
     }
+}
+
+/// Whether a top-down walk keeps `rel`: every directory on the way and then `rel` itself are
+/// judged by [`Filter::dir_rules`] of their parent.
+fn kept_by_listings(filter: &Filter, rel: &Path) -> bool {
+    let mut dir = PathBuf::new();
+    let names: Vec<_> = rel.iter().collect();
+    for (i, name) in names.iter().enumerate() {
+        let is_dir = i + 1 < names.len();
+        if filter.dir_rules(&dir).is_ignored(name, is_dir) {
+            return false;
+        }
+        dir.push(name);
+    }
+    true
 }
