@@ -104,27 +104,34 @@ pub fn tree_of_add_all_from(work_tree: &Path, start: Option<&Path>) -> String {
     {
         copy_index(start, &index);
     }
-    let run = |args: &[&str]| {
-        let out = command(work_tree)
-            .env("GIT_INDEX_FILE", &index)
-            .args(args)
-            .output()
-            .expect("git runs");
-        // In a sparse checkout git adds what it may, writes the index, and fails naming the
-        // untracked paths outside the checkout it did not add.
-        let sparse_refusal = String::from_utf8_lossy(&out.stderr)
-            .contains("outside of your sparse-checkout definition");
-        assert!(
-            out.status.success() || sparse_refusal,
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
-    run(&["add", "-A"]);
-    let tree = run(&["write-tree"]);
+    add_all_into(work_tree, &index);
+    let tree = run_on_index(work_tree, &index, &["write-tree"]);
     let _ = std::fs::remove_file(&index);
     tree
+}
+
+/// Runs `git add -A` for `work_tree` on the index file `index` (created if missing), as a
+/// user's save at this moment would: later states then start from what this one kept.
+pub fn add_all_into(work_tree: &Path, index: &Path) {
+    run_on_index(work_tree, index, &["add", "-A"]);
+}
+
+fn run_on_index(work_tree: &Path, index: &Path, args: &[&str]) -> String {
+    let out = command(work_tree)
+        .env("GIT_INDEX_FILE", index)
+        .args(args)
+        .output()
+        .expect("git runs");
+    // In a sparse checkout git adds what it may, writes the index, and fails naming the
+    // untracked paths outside the checkout it did not add.
+    let sparse_refusal =
+        String::from_utf8_lossy(&out.stderr).contains("outside of your sparse-checkout definition");
+    assert!(
+        out.status.success() || sparse_refusal,
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Copies an index file keeping its modification time: git trusts an entry's stat data only

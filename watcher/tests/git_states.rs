@@ -211,6 +211,39 @@ fn a_submodule_that_is_not_checked_out_keeps_its_gitlink() {
     repo.wait_saved();
 }
 
+/// The soak's counterexample: a submodule's directory gone at start is a deletion the first
+/// save commits, as `git add -A` then would; a plain directory made there later holds plain
+/// files, as for git once the gitlink is out of its index.
+#[test]
+fn a_gitlink_whose_directory_is_gone_at_start_is_dropped_and_files_made_there_later_are_saved() {
+    let user_index = tempfile::NamedTempFile::new().unwrap();
+    let (repo, _d) = check("the gitlink's directory gone", |repo| {
+        sub_repo(&repo.path("a/build"));
+        repo.git(&["add", "a/build"]);
+        repo.git(&["commit", "-qm", "a gitlink"]);
+        fs::remove_dir_all(repo.path("a/build")).unwrap();
+        testkit::git::copy_index(&repo.path(".git/index"), user_index.path());
+    });
+    assert_eq!(
+        repo.head_entry("a/build"),
+        "",
+        "the first save drops the gitlink"
+    );
+    // git's answer, from the user's own index: a save at start, then one now.
+    testkit::git::add_all_into(&repo.dir, user_index.path());
+    repo.write("a/build/keep.log", "made later");
+    let expected = testkit::git::tree_of_add_all_from(&repo.dir, Some(user_index.path()));
+    until(PATIENCE, "the files made where the gitlink was", || {
+        (repo.head_tree().as_deref() == Some(expected.as_str())).then_some(())
+    });
+    assert!(
+        repo.head_entry("a/build/keep.log")
+            .starts_with("100644 blob"),
+        "{}",
+        repo.head_entry("a/build/keep.log")
+    );
+}
+
 #[test]
 fn a_repository_made_inside_a_tracked_directory_keeps_its_files_loose() {
     let (repo, _d) = check("git init in a tracked directory", |repo| {
