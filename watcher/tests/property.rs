@@ -310,7 +310,14 @@ fn apply(root: &Path, op: &Op) {
             let path = join(root, *dir, *name);
             fs::create_dir_all(path.parent().unwrap()).and_then(|()| fs::rename(&scratch, &path))
         }
-        Op::DropGit { dir, name } => fs::remove_dir_all(join(root, *dir, *name).join(".git")),
+        // Never through a symlink: one to the project would drop the project's own `.git`.
+        Op::DropGit { dir, name } => {
+            let path = join(root, *dir, *name);
+            if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+                return;
+            }
+            fs::remove_dir_all(path.join(".git"))
+        }
     };
 }
 
