@@ -195,34 +195,15 @@ impl Filter {
 
     /// Whether `rel` is ignored, assuming its parent directory is not.
     pub fn is_ignored(&self, rel: &Path, is_dir: bool) -> bool {
-        if is_always_ignored(rel) {
-            return true;
+        match (rel.parent(), rel.file_name()) {
+            (Some(dir), Some(name)) => self.dir_rules(dir).is_ignored(name, is_dir),
+            _ => is_always_ignored(rel),
         }
-        let abs = self.workdir.join(rel);
-        let mut dir = rel.parent();
-        while let Some(d) = dir {
-            if let Some(rules) = self.per_dir.get(d) {
-                match rules.matched(&abs, is_dir) {
-                    Match::Ignore(_) => return true,
-                    Match::Whitelist(_) => return false,
-                    Match::None => {}
-                }
-            }
-            dir = d.parent();
-        }
-        for rules in &self.repo_rules {
-            match rules.matched(&abs, is_dir) {
-                Match::Ignore(_) => return true,
-                Match::Whitelist(_) => return false,
-                Match::None => {}
-            }
-        }
-        false
     }
 
     /// The rules that judge the entries of the kept directory `dir`, looked up once for all of
-    /// them (a walk judges a whole listing with it): [`DirRules::is_ignored`] of a name in
-    /// `dir` is [`Filter::is_ignored`] of `dir/name`.
+    /// them (a walk judges a whole listing with it); [`Filter::is_ignored`] judges one path
+    /// with it.
     pub fn dir_rules(&self, dir: &Path) -> DirRules<'_> {
         let chain = dir
             .ancestors()
@@ -338,7 +319,6 @@ impl TrackedIgnored {
     }
 }
 
-/// `.git` at any depth, and env files: never saved, even when tracked.
 /// The rules of one directory's entries ([`Filter::dir_rules`]): its own `.gitignore` and
 /// those of the directories above it, nearest first, then the repository's.
 pub struct DirRules<'a> {
@@ -372,6 +352,7 @@ impl DirRules<'_> {
     }
 }
 
+/// `.git` at any depth, and env files: never saved, even when tracked.
 pub fn is_always_ignored(rel: &Path) -> bool {
     rel.components().any(|c| c.as_os_str() == ".git")
         || rel
