@@ -13,6 +13,18 @@ pub const PROJECT_REMOTE: &str = "PROJECT_REMOTE";
 /// The branch on that remote (`--branch`).
 pub const PROJECT_BRANCH: &str = "PROJECT_BRANCH";
 
+/// `watch --debounce`. Every variable is `PROJECT_*`: the project's own (above, what the
+/// environment file holds), and the watcher's settings, `PROJECT_WATCHER_*`.
+pub const WATCHER_DEBOUNCE: &str = "PROJECT_WATCHER_DEBOUNCE";
+/// `watch --max-delay`.
+pub const WATCHER_MAX_DELAY: &str = "PROJECT_WATCHER_MAX_DELAY";
+/// The names earlier versions read, each with the one that replaced it; both still work (the
+/// new one wins).
+pub const OLD_NAMES: [(&str, &str); 2] = [
+    ("WATCHER_DEBOUNCE", WATCHER_DEBOUNCE),
+    ("WATCHER_MAX_DELAY", WATCHER_MAX_DELAY),
+];
+
 /// The name of the git remote the watcher pushes to.
 pub const DEFAULT_REMOTE: &str = "project";
 /// The branch that holds the user's project.

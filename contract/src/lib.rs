@@ -5,18 +5,28 @@
 //!   watcher's environment file that provisioning writes;
 //! - [`manifest`]: `shmastra.json` (the names of a project's secrets), its strict parser,
 //!   canonical text and name validation;
-//! - [`failure`]: the sync failure file (`step`, `error`, output tail): its default path,
-//!   writer and parser;
+//! - [`failure`]: the sync failure file (`step`, `error`, first error lines, output tail): its
+//!   default path, writer and parser;
 //! - [`command`]: the `project-watcher restore` and `sync` command lines the cloud runs in a
-//!   sandbox, as argument lists and as shell text.
+//!   sandbox, as argument lists and as shell text;
+//! - [`save_message`]: the commit messages of the watcher's saves (the `Saved-by`,
+//!   `Save-kind` and `Restored-from` trailers, the kinds, the listed paths), written by the
+//!   watcher and read by its `history` and the cloud's;
+//! - [`trailers`]: git's commit message trailers, found as `git interpret-trailers --parse`
+//!   finds them;
+//! - [`log_level`]: the log filter both binaries start with (`-q`, `-v`, `RUST_LOG`).
 //!
 //! Small on purpose: serde, serde_json and thiserror, nothing else.
 
 pub mod command;
 pub mod env;
 pub mod failure;
+pub mod log_level;
 pub mod manifest;
+pub mod save_message;
+pub mod trailers;
 
 pub use command::{RestoreCommand, SyncCommand};
 pub use failure::SyncFailure;
 pub use manifest::{MANIFEST_FILE, Manifest, ManifestError};
+pub use save_message::SaveKind;
