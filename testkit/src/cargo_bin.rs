@@ -13,6 +13,13 @@ pub fn project_watcher() -> PathBuf {
         .clone()
 }
 
+/// The `shmastra-cloud` executable, built if needed.
+pub fn shmastra_cloud() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| build("shmastra-cloud", "shmastra-cloud"))
+        .clone()
+}
+
 fn build(package: &str, bin: &str) -> PathBuf {
     // Test executables live in `<target>/<profile>/deps/`; binaries one level up.
     let exe = std::env::current_exe().expect("the test executable's path");

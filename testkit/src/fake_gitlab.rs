@@ -1,6 +1,7 @@
 //! A fake GitLab REST API (v4) on `127.0.0.1:0`, answering as GitLab's documentation says:
 //! `PRIVATE-TOKEN` auth, `GET /groups/:id`, `GET /projects/:id` (numeric or URL-encoded path),
-//! `POST /projects`, `GET /projects/:id/repository/commits` (from a real bare repository),
+//! `POST /projects`, `GET /projects/:id/repository/commits` and `.../repository/files/:path/raw`
+//! (from a real bare repository),
 //! with GitLab's status codes and JSON bodies. Like GitLab, it resolves project paths
 //! case-insensitively (`group/Alice` is found as `group/alice`, and answers with its own
 //! spelling) and refuses to create a path that differs from a taken one only in case. It
@@ -59,6 +60,8 @@ pub struct FakeProject {
     pub path_with_namespace: String,
     pub namespace_id: u64,
     pub visibility: String,
+    /// As created (`POST /projects`' `description`), else empty.
+    pub description: String,
 }
 
 struct State {
@@ -283,6 +286,9 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>) -> Result<Answ
         ("GET", ["projects", id, "repository", "commits"]) => {
             list_commits(&state, &percent_decode(id), &path)
         }
+        ("GET", ["projects", id, "repository", "files", file, "raw"]) => {
+            raw_file(&state, &percent_decode(id), &percent_decode(file), &path)
+        }
         ("POST", ["projects"]) => create_project(&mut state, &body),
         _ => not_found_route(),
     })
@@ -420,6 +426,48 @@ fn list_commits(state: &State, id: &str, path_and_query: &str) -> Answer {
     answer
 }
 
+/// `GET /projects/:id/repository/files/:file_path/raw?ref=REF` (default `main`): the file's
+/// bytes from the project's repository, or GitLab's `404 File Not Found` (also for an unknown
+/// ref, and `404 Repository Not Found` for a project without one).
+fn raw_file(state: &State, id: &str, file: &str, path_and_query: &str) -> Answer {
+    let Some(project) = state
+        .projects
+        .iter()
+        .find(|p| p.id.to_string() == id || p.path_with_namespace.eq_ignore_ascii_case(id))
+        .filter(|_| state.member)
+    else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            json!({"message": "404 Project Not Found"}),
+        );
+    };
+    let Some(dir) = state.repositories.get(&project.path_with_namespace) else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            json!({"message": "404 Repository Not Found"}),
+        );
+    };
+    let reference = path_and_query
+        .split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("ref="))
+        .map_or_else(|| "main".to_owned(), percent_decode);
+    let out = crate::git::git_output(dir, ["show", &format!("{reference}:{file}")]);
+    if !out.status.success() {
+        return reply(
+            StatusCode::NOT_FOUND,
+            json!({"message": "404 File Not Found"}),
+        );
+    }
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(out.stdout)))
+        .expect("response")
+}
+
 fn create_project(state: &mut State, body: &str) -> Answer {
     let Ok(params) = serde_json::from_str::<Value>(body) else {
         return reply(
@@ -468,7 +516,11 @@ fn create_project(state: &mut State, body: &str) -> Answer {
         );
     }
     let visibility = text("visibility").unwrap_or_else(|| "private".to_owned());
-    let project = insert_project(state, &path, &visibility);
+    let mut project = insert_project(state, &path, &visibility);
+    project.description = text("description").unwrap_or_default();
+    if let Some(kept) = state.projects.iter_mut().find(|p| p.id == project.id) {
+        kept.description = project.description.clone();
+    }
     reply(StatusCode::CREATED, project_json(state, &project))
 }
 
@@ -479,6 +531,7 @@ fn insert_project(state: &mut State, path: &str, visibility: &str) -> FakeProjec
         path_with_namespace: format!("{GROUP_PATH}/{path}"),
         namespace_id: GROUP_ID,
         visibility: visibility.to_owned(),
+        description: String::new(),
     };
     state.next_project_id += 1;
     state.projects.push(project.clone());
@@ -517,6 +570,7 @@ fn project_json(state: &State, project: &FakeProject) -> Value {
         "name_with_namespace": format!("{GROUP_PATH} / {}", project.path),
         "path_with_namespace": project.path_with_namespace,
         "visibility": project.visibility,
+        "description": project.description,
         "default_branch": null,
         "empty_repo": true,
         "http_url_to_repo": format!("{}/{}.git", state.repo_base, project.path_with_namespace),

@@ -1,5 +1,7 @@
 //! A real PostgreSQL server for tests: `initdb` and `pg_ctl` from the system's binaries into a
-//! temp dir, listening on a free loopback port, stopped (immediately) on drop.
+//! temp dir, listening on a free loopback port, stopped (immediately) on drop. With
+//! [`Postgres::start_tls`] it speaks TLS only, with a certificate for `localhost` signed by a CA
+//! made for the test (rcgen).
 //!
 //! The binaries are found on `PATH`, else in `pg_config --bindir`, else in
 //! `/usr/lib/postgresql/*/bin`. PostgreSQL refuses to run as root: as root, the server runs as
@@ -18,12 +20,44 @@ pub struct Postgres {
     data: PathBuf,
     port: u16,
     owner: Option<(u32, u32)>,
+    /// The CA that signed the server's certificate, when it speaks TLS.
+    tls: Option<PathBuf>,
     _dir: tempfile::TempDir,
 }
 
 impl Postgres {
     /// Creates and starts a cluster: user `postgres`, trust auth on loopback.
     pub fn start() -> Postgres {
+        let pg = Postgres::create(false);
+        pg.start_server();
+        pg
+    }
+
+    /// [`Postgres::start`], speaking TLS only (`hostssl`; a plaintext connection is rejected),
+    /// with a certificate for the name `localhost` (not for `127.0.0.1`) signed by a fresh CA,
+    /// whose PEM file is [`Postgres::ca_file`].
+    pub fn start_tls() -> Postgres {
+        let pg = Postgres::create(true);
+        pg.start_server();
+        pg
+    }
+
+    /// The CA certificate (PEM) that signed the server's, for [`Postgres::start_tls`].
+    pub fn ca_file(&self) -> &Path {
+        self.tls
+            .as_deref()
+            .expect("a server started with start_tls")
+    }
+
+    /// A fresh CA of its own (PEM file in `dir`), which signed nothing this server holds.
+    pub fn foreign_ca(dir: &Path) -> PathBuf {
+        let (ca, _) = make_ca();
+        let path = dir.join("foreign-ca.pem");
+        std::fs::write(&path, ca.pem()).expect("write the CA");
+        path
+    }
+
+    fn create(tls: bool) -> Postgres {
         let bin = bindir();
         let dir = tempfile::Builder::new()
             .prefix("testkit-pg")
@@ -42,6 +76,7 @@ impl Postgres {
             data,
             port: free_port(),
             owner,
+            tls: None,
             _dir: dir,
         };
         pg.run(
@@ -57,14 +92,58 @@ impl Postgres {
                 "UTF8",
             ],
         );
-        pg.start_server();
+        let mut pg = pg;
+        if tls {
+            pg.tls = Some(pg.install_certificate());
+        }
         pg
+    }
+
+    /// The server's key and certificate in the data dir, TLS on, plaintext refused; the CA's
+    /// PEM file beside the data dir.
+    fn install_certificate(&self) -> PathBuf {
+        let (ca, ca_key) = make_ca();
+        let key = rcgen::KeyPair::generate().expect("a server key");
+        let params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("cert params");
+        let cert = params
+            .signed_by(&key, &ca, &ca_key)
+            .expect("sign the server cert");
+        let cert_file = self.data.join("server.crt");
+        let key_file = self.data.join("server.key");
+        std::fs::write(&cert_file, cert.pem()).expect("write server.crt");
+        std::fs::write(&key_file, key.serialize_pem()).expect("write server.key");
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod server.key");
+        if let Some((uid, gid)) = self.owner {
+            for file in [&cert_file, &key_file] {
+                std::os::unix::fs::chown(file, Some(uid), Some(gid)).expect("chown");
+            }
+        }
+        std::fs::write(
+            self.data.join("pg_hba.conf"),
+            "hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+        )
+        .expect("write pg_hba.conf");
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.data.join("postgresql.conf"))
+            .expect("open postgresql.conf");
+        std::io::Write::write_all(&mut conf, b"ssl = on\n").expect("ssl = on");
+        let ca_file = self.data.parent().expect("the temp dir").join("ca.pem");
+        std::fs::write(&ca_file, ca.pem()).expect("write ca.pem");
+        ca_file
     }
 
     /// The URL of the cluster's `postgres` database.
     pub fn url(&self) -> String {
+        self.url_at("127.0.0.1")
+    }
+
+    /// [`Postgres::url`] with `host` (`localhost`, `127.0.0.1`) as the host name.
+    pub fn url_at(&self, host: &str) -> String {
         format!(
-            "postgres://postgres@127.0.0.1:{}/postgres?connect_timeout=3",
+            "postgres://postgres@{host}:{}/postgres?connect_timeout=3",
             self.port
         )
     }
@@ -197,6 +276,18 @@ fn server_user() -> Option<(u32, u32)> {
             "running as root, and there is no `postgres` user to run PostgreSQL as: install the `postgresql` package (.ci/run does)"
         ),
     }
+}
+
+/// A self-signed CA: its certificate and key.
+fn make_ca() -> (rcgen::Certificate, rcgen::KeyPair) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "testkit PostgreSQL CA");
+    let key = rcgen::KeyPair::generate().expect("a CA key");
+    let cert = params.self_signed(&key).expect("self-sign the CA");
+    (cert, key)
 }
 
 fn free_port() -> u16 {

@@ -1,5 +1,6 @@
 //! A proptest runner that counts the cases reaching a property's accept branch, so a property
-//! cannot pass by never accepting (the parser proptests of cloud-core and git-wire use it).
+//! cannot pass by never accepting (the parser proptests of cloud-core and git-wire use it), and
+//! the share assertion the watcher's properties make about their own branches.
 
 use std::cell::Cell;
 use std::fmt::Debug;
@@ -41,8 +42,14 @@ pub fn check<S>(
     }
     let (total, accepted) = (total.get(), accepted.get());
     println!("RELIABILITY parser-{name}: cases={total} accepted={accepted}");
+    assert_share(name, "the accept branch", accepted, total, min_accepted);
+}
+
+/// Fails unless `reached` is at least `min` (a fraction) of `of`, and `of` is not zero: a
+/// property that seldom reaches its interesting branch proves little however often it passes.
+pub fn assert_share(name: &str, branch: &str, reached: u64, of: u64, min: f64) {
     assert!(
-        accepted as f64 >= min_accepted * total as f64,
-        "{name}: only {accepted} of {total} cases reached the accept branch (want {min_accepted})"
+        of > 0 && reached as f64 >= min * of as f64,
+        "{name}: only {reached} of {of} cases reached {branch} (want {min})"
     );
 }

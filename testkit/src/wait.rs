@@ -5,6 +5,11 @@ use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(25);
 
+/// How long an end-to-end test waits for what a real process does (a save, a push, a sync):
+/// far beyond the seconds it takes on a loaded 2-core machine, so running out of it means it
+/// never happened.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
 /// Polls `check` every 25 ms until it returns `Some`, or panics with `what` after `timeout`.
 pub fn until<T>(timeout: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     poll(timeout, what, || check().ok_or(None::<()>))
