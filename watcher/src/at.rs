@@ -30,7 +30,7 @@ pub enum RevError {
     NoSaves,
     #[error("there is no save at or before {asked}: the first save is from {first}")]
     BeforeFirst { asked: String, first: String },
-    #[error("cannot read the project's history: {0}")]
+    #[error("cannot read the project's history: {}", .0.message())]
     Git(#[from] git2::Error),
 }
 

@@ -17,6 +17,9 @@ pub struct Changes {
     pub subtrees: BTreeSet<PathBuf>,
     /// `.env` changed, so the manifest may have to be rewritten.
     pub env_changed: bool,
+    /// The user's git moved `HEAD` or began or ended an operation (its markers in the git
+    /// directory): the save looks again whether it must wait, even with no file changed.
+    pub git_state: bool,
     /// The rules as the watch stage had them when it sent these changes (a rule edit is
     /// judged by the new rules); `None` keeps the rules of the save before.
     pub rules: Option<Rules>,
@@ -33,13 +36,14 @@ impl Changes {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.paths.is_empty() && self.subtrees.is_empty() && !self.env_changed
+        self.paths.is_empty() && self.subtrees.is_empty() && !self.env_changed && !self.git_state
     }
 
     pub fn merge(&mut self, other: Changes) {
         self.paths.extend(other.paths);
         self.subtrees.extend(other.subtrees);
         self.env_changed |= other.env_changed;
+        self.git_state |= other.git_state;
         self.rules = match (self.rules.take(), other.rules) {
             (Some(mine), Some(theirs)) => Some(mine.newest(theirs)),
             (mine, theirs) => mine.or(theirs),

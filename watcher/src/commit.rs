@@ -1,66 +1,12 @@
 //! The commit: turns a staged tree into an autosave commit on `HEAD`, unless nothing changed.
 
-use std::fmt::Write as _;
-
 use git2::{ObjectType, Oid, Repository, Signature, Tree, TreeEntry};
+use shmastra_contract::save_message::{self, SUBJECT_WIDTH, SaveKind, one_line_path};
 
 use crate::status::VERSION;
 
-/// At most this many paths are listed in a commit message body.
-const LISTED_PATHS: usize = 20;
 /// At most this many paths are named in a subject line (when they fit on it).
 const LISTED_IN_SUBJECT: usize = 5;
-/// A subject line fits git's one-line views (`git log --oneline`, GitLab's commit list).
-const SUBJECT_WIDTH: usize = 72;
-
-/// The trailer that marks the watcher's commits: `Saved-by: project-watcher/<version>`.
-pub const SAVED_BY_TRAILER: &str = "Saved-by";
-/// The trailer that says what made a watcher commit: `Save-kind: autosave`.
-pub const KIND_TRAILER: &str = "Save-kind";
-
-/// What made a save. The watcher writes the first three into the `Save-kind` trailer; `sync`
-/// (a state pulled in from a push elsewhere) and `other` (a commit a person made) are read
-/// from history, never written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Autosave,
-    Restore,
-    Backup,
-    Sync,
-    Other,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Autosave => "autosave",
-            Self::Restore => "restore",
-            Self::Backup => "backup",
-            Self::Sync => "sync",
-            Self::Other => "other",
-        }
-    }
-
-    /// The kind a `Save-kind` trailer value names.
-    pub fn parse(value: &str) -> Option<Self> {
-        [
-            Self::Autosave,
-            Self::Restore,
-            Self::Backup,
-            Self::Sync,
-            Self::Other,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == value.trim())
-    }
-}
-
-impl std::fmt::Display for Kind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// The identity used when the repository configures none.
 const FALLBACK_NAME: &str = "project-watcher";
@@ -71,6 +17,22 @@ const FALLBACK_EMAIL: &str = "project-watcher@localhost";
 pub struct Committed {
     pub id: Oid,
     pub files_changed: usize,
+}
+
+/// The tree `HEAD` names (`None` for an unborn branch).
+pub(crate) fn head_tree(repo: &Repository) -> Result<Option<Oid>, git2::Error> {
+    match repo.head() {
+        Ok(head) => Ok(Some(head.peel_to_commit()?.tree_id())),
+        Err(e)
+            if matches!(
+                e.code(),
+                git2::ErrorCode::UnbornBranch | git2::ErrorCode::NotFound
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Commits `tree` on `HEAD` when it differs from `HEAD`'s tree (an unborn `HEAD` counts as
@@ -132,7 +94,7 @@ pub fn changed_paths(
 ) -> Result<Vec<String>, git2::Error> {
     let mut paths = Vec::new();
     diff_trees(repo, old, Some(new), &mut Vec::new(), &mut paths)?;
-    Ok(paths.iter().map(|p| show_path(p)).collect())
+    Ok(paths.iter().map(|p| one_line_path(p)).collect())
 }
 
 /// An entry's place in git's tree order: its name, with a `/` after a directory's.
@@ -190,34 +152,19 @@ fn diff_trees(
 
 /// `autosave: <what changed>`, the first paths, and the trailers.
 pub fn message(paths: &[String]) -> String {
-    let subject = format!("{}: {}", Kind::Autosave, describe_paths(paths));
-    message_with(&subject, Kind::Autosave, paths, &[])
+    let subject = format!("{}: {}", SaveKind::Autosave, describe_paths(paths));
+    message_with(&subject, SaveKind::Autosave, paths, &[])
 }
 
-/// A whole commit message: `subject`, a body listing up to [`LISTED_PATHS`] of `paths`, then
-/// the `Saved-by` trailer, the `Save-kind` trailer and `extra` trailers (`Name: value`).
+/// A whole message of this watcher (its version in the `Saved-by` trailer), as the contract
+/// writes it: `subject`, the listed `paths`, the trailers and `extra` ones.
 pub fn message_with(
     subject: &str,
-    kind: Kind,
+    kind: SaveKind,
     paths: &[String],
     extra: &[(&str, String)],
 ) -> String {
-    let mut text = format!("{}\n\n", one_line(subject, SUBJECT_WIDTH));
-    for path in paths.iter().take(LISTED_PATHS) {
-        let _ = writeln!(text, "{path}");
-    }
-    if paths.len() > LISTED_PATHS {
-        let _ = writeln!(text, "... and {} more", paths.len() - LISTED_PATHS);
-    }
-    if !paths.is_empty() {
-        text.push('\n');
-    }
-    let _ = writeln!(text, "{SAVED_BY_TRAILER}: project-watcher/{VERSION}");
-    let _ = writeln!(text, "{KIND_TRAILER}: {kind}");
-    for (name, value) in extra {
-        let _ = writeln!(text, "{name}: {value}");
-    }
-    text
+    save_message::render(subject, kind, VERSION, paths, extra)
 }
 
 /// What changed, for a subject line: the paths when they fit on one line (a single long path
@@ -275,36 +222,16 @@ fn shorten_start(text: &str, width: usize) -> String {
     format!("...{tail}")
 }
 
-/// `text` cut to `width` characters, keeping its start.
-fn one_line(text: &str, width: usize) -> String {
-    if text.chars().count() <= width {
-        return text.to_owned();
-    }
-    let head: String = text.chars().take(width.saturating_sub(3)).collect();
-    format!("{head}...")
-}
-
-/// The paths a diff touches, each as one line of text ([`show_path`]).
+/// The paths a diff touches, each as one line of text ([`one_line_path`]).
 pub fn diff_paths(diff: &git2::Diff<'_>) -> Vec<String> {
     diff.deltas()
         .filter_map(|d| {
             d.new_file()
                 .path_bytes()
                 .or(d.old_file().path_bytes())
-                .map(show_path)
+                .map(one_line_path)
         })
         .collect()
-}
-
-/// A path as one line of text: quoted like Rust strings when it holds control characters
-/// (a newline in a name must not break the message apart), lossy for invalid UTF-8.
-fn show_path(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    if text.chars().any(char::is_control) {
-        format!("{text:?}")
-    } else {
-        text.into_owned()
-    }
 }
 
 #[cfg(test)]
@@ -312,21 +239,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn message_lists_twenty_paths_and_ends_with_the_trailers() {
+    fn an_autosave_message_lists_its_paths_and_names_this_watcher() {
         let paths: Vec<String> = (0..25).map(|i| format!("src/tools/f{i}")).collect();
         let m = message(&paths);
         assert!(
             m.starts_with("autosave: 25 files in src/tools\n\nsrc/tools/f0\n"),
             "{m}"
         );
-        assert!(m.contains("f19\n... and 5 more\n"), "{m}");
-        assert!(!m.contains("f20"), "{m}");
         assert!(
             m.ends_with(&format!(
                 "\n\nSaved-by: project-watcher/{VERSION}\nSave-kind: autosave\n"
             )),
             "{m}"
         );
+        assert_eq!(save_message::classify(&m), Some(SaveKind::Autosave));
     }
 
     #[test]
@@ -380,20 +306,6 @@ mod tests {
                 shorten_start(&"deep".repeat(30), SUBJECT_WIDTH - 21)
             ),
         );
-    }
-
-    #[test]
-    fn kinds_round_trip_through_the_trailer_value() {
-        for kind in [
-            Kind::Autosave,
-            Kind::Restore,
-            Kind::Backup,
-            Kind::Sync,
-            Kind::Other,
-        ] {
-            assert_eq!(Kind::parse(kind.as_str()), Some(kind));
-        }
-        assert_eq!(Kind::parse("nonsense"), None);
     }
 
     /// Paths that collide every way a tree can: a file and a directory of one name, names that
@@ -500,7 +412,7 @@ mod tests {
                     .stdout
                     .split(|b| *b == 0)
                     .filter(|p| !p.is_empty())
-                    .map(show_path)
+                    .map(one_line_path)
                     .collect();
                 let old = repo.find_tree(old).unwrap();
                 let new = repo.find_tree(new).unwrap();
@@ -522,12 +434,5 @@ mod tests {
             changed_paths(&repo, Some(&empty), &all).unwrap(),
             "no parent is the empty tree"
         );
-    }
-
-    #[test]
-    fn control_characters_in_names_stay_on_one_line() {
-        assert_eq!(show_path(b"a\nb"), "\"a\\nb\"");
-        assert_eq!(show_path(b"plain/name.txt"), "plain/name.txt");
-        assert_eq!(show_path(b"bad\xffutf8"), "bad\u{fffd}utf8");
     }
 }

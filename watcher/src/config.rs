@@ -12,9 +12,12 @@ use shmastra_contract::env::{DEFAULT_BRANCH, DEFAULT_REMOTE};
 /// How log lines look. `Auto` is pretty on a terminal and JSON otherwise (PM2 collects logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
+    /// Pretty on a terminal, JSON lines otherwise.
     #[default]
     Auto,
+    /// One JSON object per line.
     Json,
+    /// For people.
     Pretty,
 }
 
@@ -40,46 +43,63 @@ impl fmt::Display for LogFormat {
     }
 }
 
+/// A setting the watcher refuses, with what was given (exit 2).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// Not a duration humantime reads.
     #[error("invalid duration {value:?}: {reason} (examples: 3s, 500ms, 1m)")]
-    Duration { value: String, reason: String },
+    Duration {
+        /// What was given.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// Not a size (the value given).
     #[error("invalid size {0:?} (examples: 50MiB, 10MB, 1048576)")]
     Size(String),
+    /// Not `auto`, `json` or `pretty` (the value given).
     #[error("invalid log format {0:?}: expected auto, json or pretty")]
     LogFormat(String),
+    /// `--debounce 0`.
     #[error("--debounce must be more than zero")]
     ZeroDebounce,
+    /// A cap shorter than the wait it caps.
     #[error("--max-delay ({max_delay:?}) must not be shorter than --debounce ({debounce:?})")]
     MaxDelayBelowDebounce {
+        /// `--debounce`.
         debounce: Duration,
+        /// `--max-delay`.
         max_delay: Duration,
     },
+    /// `--max-file-size 0`.
     #[error("--max-file-size must be more than zero")]
     ZeroMaxFileSize,
 }
 
+/// See [`Config::event_buffer`].
+pub(crate) const DEFAULT_EVENT_BUFFER: usize = 4096;
+
 /// Everything the daemon needs. Build it with [`Config::new`] and adjust the public fields;
 /// [`Config::validate`] checks the combinations.
-/// See [`Config::event_buffer`].
-pub const DEFAULT_EVENT_BUFFER: usize = 4096;
-
 #[derive(Clone)]
 pub struct Config {
     /// The project directory: the top of a git working tree.
     pub dir: PathBuf,
     /// The remote to push to; missing remote means commits stay local.
     pub remote: String,
+    /// The branch of that remote the saves go to.
     pub branch: String,
     /// Commit once no relevant event arrived for this long.
     pub debounce: Duration,
     /// ... or once this long has passed since the first unsaved change.
     pub max_delay: Duration,
+    /// Push at all (`--no-push`: commits stay local).
     pub push: bool,
     /// Files larger than this many bytes are left out of the commits.
     pub max_file_size: u64,
     /// How long the final push may take on SIGINT/SIGTERM.
     pub shutdown_timeout: Duration,
+    /// How log lines look.
     pub log_format: LogFormat,
     /// From `PROJECT_TOKEN` only; never printed.
     pub token: Option<String>,
@@ -108,11 +128,11 @@ impl fmt::Debug for Config {
     }
 }
 
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_secs(3);
-pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(30);
-pub const DEFAULT_MAX_FILE_SIZE: u64 = 50 * 1024 * 1024;
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(8);
-pub const DEFAULT_INDEX_QUIET: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_DEBOUNCE: Duration = Duration::from_secs(3);
+pub(crate) const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_MAX_FILE_SIZE: u64 = 50 * 1024 * 1024;
+pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(8);
+pub(crate) const DEFAULT_INDEX_QUIET: Duration = Duration::from_secs(2);
 
 impl Config {
     /// The documented defaults for `dir`.
@@ -133,6 +153,7 @@ impl Config {
         }
     }
 
+    /// The same settings, or the first combination that makes no sense.
     pub fn validate(self) -> Result<Self, ConfigError> {
         if self.debounce.is_zero() {
             return Err(ConfigError::ZeroDebounce);

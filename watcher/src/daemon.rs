@@ -6,51 +6,80 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use git2::{Oid, Repository};
+use git2::Repository;
 use shmastra_contract::MANIFEST_FILE;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::changes::Changes;
-use crate::commit::Committed;
 use crate::config::Config;
 use crate::debounce::{self, Debounce, Debounced};
 use crate::filter::{Filter, TrackedIgnored};
-use crate::lock::{self, InstanceLock, LockError, RepoLock};
+use crate::index_write::IndexWrite;
+use crate::layout;
+use crate::lock::{InstanceLock, LockError, RepoLock};
 use crate::manifest;
-use crate::push::{PushEvent, PushHandle};
+use crate::project_dir::{self, OpenError};
+use crate::push::{Head, PushEvent, PushHandle};
 use crate::remote::RemoteSettings;
-use crate::save::{SaveError, SaveRetry, SaveWorker, Saved, repository_gone};
+use crate::save::{SaveError, SaveRetry, SaveWorker};
 use crate::scan;
-use crate::status::{self, State, Status};
+use crate::stage::OwnIndex;
+use crate::status::State;
+use crate::status_book::{SaveOutcome, StatusBook, head_of, log_commit};
 use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
 
+/// While a git lock exists or a git command runs in the repository, how often the watcher
+/// looks again (a process ending shows in no file event; the look is a read of `/proc`).
+const PAUSE_POLL: Duration = Duration::from_secs(1);
+
+/// Why `watch` or `once` stopped; [`DaemonError::exit_code`] says how the process exits.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    #[error(
-        "{dir} is not the top of a git working tree ({reason}); run `git init` there, or pass --dir with the project's top directory"
-    )]
-    NotARepo { dir: PathBuf, reason: String },
+    /// `--dir` is not the top of a non-bare working tree.
+    #[error(transparent)]
+    NotARepo(#[from] OpenError),
+    /// A lock could not be taken (another watcher holds `instance.lock`: exit 3).
     #[error(transparent)]
     Lock(#[from] LockError),
+    /// The async runtime or the signal handlers could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(io::Error),
+    /// The watch stage could not start (inotify).
     #[error(transparent)]
     Watch(#[from] WatchError),
+    /// The last save (at stop, or `once`'s) failed.
     #[error(transparent)]
     Save(SaveError),
+    /// A file of the watcher's own could not be written.
     #[error("cannot write {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The env files could not be added to `.git/info/exclude`.
     #[error(transparent)]
     Exclude(#[from] crate::restore::RestoreError),
+    /// `once`'s push failed.
     #[error("push to {remote} failed: {error}")]
-    Push { remote: String, error: String },
+    Push {
+        /// The remote's name.
+        remote: String,
+        /// What went wrong, without credentials.
+        error: String,
+    },
+    /// The repository, or the project directory, was deleted under the watcher (exit 2).
     #[error(
         "the project's repository {git_dir} is gone (the project directory was deleted?); stopping without writing anything there"
     )]
-    Gone { git_dir: PathBuf },
+    Gone {
+        /// The repository's `.git`.
+        git_dir: PathBuf,
+    },
 }
 
 impl From<SaveError> for DaemonError {
@@ -67,7 +96,7 @@ impl DaemonError {
     /// gone), 3 for a lock held by another watcher, 1 for everything that went wrong at run time.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::NotARepo { .. } | Self::Gone { .. } => 2,
+            Self::NotARepo(_) | Self::Gone { .. } => 2,
             Self::Lock(LockError::Held { .. }) => 3,
             _ => 1,
         }
@@ -81,14 +110,10 @@ pub fn git_dir_of(dir: &Path) -> Result<PathBuf, DaemonError> {
 
 /// Opens `dir` as the top of a non-bare working tree: (workdir, git dir).
 fn open(dir: &Path) -> Result<(Repository, PathBuf, PathBuf), DaemonError> {
-    let not_a_repo = |reason: String| DaemonError::NotARepo {
-        dir: dir.to_owned(),
-        reason,
-    };
-    let repo = Repository::open(dir).map_err(|e| not_a_repo(e.message().to_owned()))?;
+    let repo = project_dir::open(dir)?;
     let workdir = repo
         .workdir()
-        .ok_or_else(|| not_a_repo("it is a bare repository".to_owned()))?
+        .expect("project_dir::open refuses a bare repository")
         .to_owned();
     let workdir = workdir.canonicalize().unwrap_or(workdir);
     let git_dir = repo
@@ -98,10 +123,12 @@ fn open(dir: &Path) -> Result<(Repository, PathBuf, PathBuf), DaemonError> {
     Ok((repo, workdir, git_dir))
 }
 
-/// `core.excludesFile`, or git's default `$XDG_CONFIG_HOME/git/ignore`.
-fn excludes_file(repo: &Repository) -> Option<PathBuf> {
+/// `core.excludesFile`, or git's default `$XDG_CONFIG_HOME/git/ignore`. A relative path is
+/// relative to the top of the working tree, where `git add` reads it from (git moves there
+/// before it reads the file).
+fn excludes_file(repo: &Repository, workdir: &Path) -> Option<PathBuf> {
     if let Ok(path) = repo.config().and_then(|c| c.get_path("core.excludesFile")) {
-        return Some(path);
+        return Some(workdir.join(path));
     }
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
@@ -135,21 +162,20 @@ fn setup(config: &Config) -> Result<Setup, DaemonError> {
     let (reader, workdir, git_dir) = open(&config.dir)?;
     crate::restore::exclude_env_files(&git_dir)?;
     // Its absence later means the repository is being deleted (see `repository_gone`).
-    let state = lock::state_dir(&git_dir);
-    match std::fs::create_dir(&state) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-            return Err(DaemonError::Io {
-                path: state,
-                source: e,
-            });
-        }
-        _ => {}
-    }
+    layout::create_state_dir(&git_dir).map_err(|source| DaemonError::Io {
+        path: layout::state_dir(&git_dir),
+        source,
+    })?;
     let ignore_case = reader
         .config()
         .and_then(|c| c.get_bool("core.ignoreCase"))
         .unwrap_or(false);
-    let (filter, warnings) = Filter::new(&workdir, &git_dir, excludes_file(&reader), ignore_case);
+    let (filter, warnings) = Filter::new(
+        &workdir,
+        &git_dir,
+        excludes_file(&reader, &workdir),
+        ignore_case,
+    );
     watch_stage::report_rule_warnings(&warnings);
     Ok(Setup {
         reader,
@@ -190,167 +216,8 @@ fn start_push(config: &Config, repo: &Repository, workdir: &Path) -> Option<Push
 
 struct Pusher {
     handle: PushHandle,
-    heads: watch::Sender<Option<Oid>>,
+    heads: watch::Sender<Option<Head>>,
     events: mpsc::Receiver<PushEvent>,
-}
-
-/// `HEAD`'s id, if it has one.
-fn head_of(repo: &Repository) -> Option<Oid> {
-    repo.head().ok().and_then(|h| h.target())
-}
-
-/// Commits on `HEAD` that the remote branch does not have (all of them when it has none).
-fn count_unpushed(repo: &Repository, remote: &str, branch: &str, pushed: Option<Oid>) -> u64 {
-    let Some(head) = head_of(repo) else { return 0 };
-    let Ok(mut walk) = repo.revwalk() else {
-        return 0;
-    };
-    if walk.push(head).is_err() {
-        return 0;
-    }
-    let tracking = format!("refs/remotes/{remote}/{branch}");
-    if let Ok(oid) = repo.refname_to_id(&tracking) {
-        let _ = walk.hide(oid);
-    }
-    if let Some(oid) = pushed {
-        let _ = walk.hide(oid);
-    }
-    walk.count() as u64
-}
-
-/// What the status file says, kept in one place so every writer agrees.
-struct StatusBook {
-    git_dir: PathBuf,
-    status: Status,
-    pending: bool,
-    committing: bool,
-    /// The latest save's failure, until a save succeeds.
-    save_error: Option<String>,
-    /// The watch stage's latest problem (watch limit, unreadable rules).
-    watch_problem: Option<String>,
-    push_state: Option<State>,
-}
-
-/// What the daemon does after a save.
-enum SaveOutcome {
-    Done { index_unwritten: bool },
-    Failed(SaveError),
-    Gone(DaemonError),
-}
-
-impl StatusBook {
-    fn write(&mut self) {
-        if repository_gone(&self.git_dir) {
-            return;
-        }
-        self.status.state = if self.committing {
-            State::Committing
-        } else if self.save_error.is_some() {
-            State::Error
-        } else if self.pending {
-            State::Pending
-        } else {
-            self.push_state.unwrap_or(State::Idle)
-        };
-        self.status.last_error = self.save_error.clone().or(self.watch_problem.clone());
-        let was_low = self.status.disk_warning.is_some();
-        self.status.measure(&self.git_dir);
-        match &self.status.disk_warning {
-            Some(warning) if !was_low => tracing::warn!("{warning}"),
-            None if was_low => tracing::info!("the project's file system has room again"),
-            _ => {}
-        }
-        if let Err(e) = status::write(&self.git_dir, &self.status) {
-            tracing::warn!("cannot write the status file: {e}");
-        }
-    }
-
-    /// The one place a save's result is handled: the status, the log, the pusher's head.
-    fn record_save(
-        &mut self,
-        result: Result<Saved, SaveError>,
-        reader: &Repository,
-        pusher: Option<&Pusher>,
-    ) -> SaveOutcome {
-        self.committing = false;
-        self.pending = false;
-        match result {
-            Ok(saved) => {
-                self.save_error = None;
-                self.status.skipped_files = saved.skipped;
-                self.record_commit(reader, saved.committed, pusher);
-                SaveOutcome::Done {
-                    index_unwritten: saved.index_unwritten,
-                }
-            }
-            Err(SaveError::Gone { git_dir }) => SaveOutcome::Gone(DaemonError::Gone { git_dir }),
-            Err(e) => {
-                self.save_error = Some(format!("saving failed: {e}"));
-                SaveOutcome::Failed(e)
-            }
-        }
-    }
-
-    fn record_commit(
-        &mut self,
-        reader: &Repository,
-        committed: Option<Committed>,
-        pusher: Option<&Pusher>,
-    ) {
-        let Some(c) = committed else {
-            // A `restore --at` moved HEAD under the repo lock; its commit goes out like our own.
-            let head = head_of(reader);
-            if let Some(p) = pusher
-                && head.is_some()
-                && p.heads
-                    .send_if_modified(|h| std::mem::replace(h, head) != head)
-            {
-                self.status.head = head.map(|h| h.to_string());
-            }
-            return;
-        };
-        log_commit(&c);
-        self.status.head = Some(c.id.to_string());
-        self.status.last_commit_at = Some(status::timestamp(SystemTime::now()));
-        self.status.unpushed_commits += 1;
-        if let Some(p) = pusher {
-            p.heads.send_replace(head_of(reader).or(Some(c.id)));
-        }
-    }
-
-    fn push_event(&mut self, event: PushEvent, reader: &Repository, config: &Config) {
-        // A push moves refs/remotes/<remote>/<branch>; a divergence fetches the remote tip.
-        let pushed = match &event {
-            PushEvent::Pushed { oid, .. } => Some(Some(*oid)),
-            PushEvent::Diverged { .. } => Some(None),
-            PushEvent::Started | PushEvent::Failed { .. } => None,
-        };
-        if let Some(pushed) = pushed {
-            self.status.unpushed_commits =
-                count_unpushed(reader, &config.remote, &config.branch, pushed);
-        }
-        match event {
-            // Diverged stays shown while the commits follow to the recovery branch.
-            PushEvent::Started if self.push_state == Some(State::Diverged) => {}
-            PushEvent::Started => self.push_state = Some(State::Pushing),
-            PushEvent::Pushed { at, .. } => {
-                self.push_state = None;
-                self.status.last_push_at = Some(status::timestamp(at));
-                self.status.last_push_error = None;
-                self.status.recovery_ref = None;
-            }
-            PushEvent::Failed { error, retry_in } => {
-                tracing::warn!(retry_in = ?retry_in, "push failed: {error}");
-                self.push_state = Some(State::Backoff);
-                self.status.last_push_error = Some(error);
-            }
-            PushEvent::Diverged { recovery_ref } => {
-                tracing::warn!(recovery_ref = %recovery_ref, "the remote branch moved on; local commits were pushed to a recovery branch, run `project-watcher sync`");
-                self.push_state = Some(State::Diverged);
-                self.status.recovery_ref = Some(recovery_ref);
-            }
-        }
-    }
 }
 
 /// `project-watcher watch`: saves changes until `shutdown` resolves, then saves what is
@@ -380,6 +247,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     sync_manifest(&workdir, &git_dir).await?;
     let (problems_tx, mut problems) = watch::channel(None);
     let (tracked_ignored_tx, tracked_ignored) = watch::channel(Arc::new(TrackedIgnored::default()));
+    // The index file as the save stage last read or wrote it: the watch stage tells the user's
+    // writes of it from the watcher's own by it.
+    let own_index = OwnIndex::default();
     let watcher = TreeWatcher::new(
         &workdir,
         &git_dir,
@@ -387,6 +257,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         problems_tx,
         tracked_ignored,
         config.event_buffer,
+        own_index.clone(),
     )?;
     let saver = SaveWorker::spawn(
         &workdir,
@@ -394,41 +265,37 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         watcher.rules().filter,
         tracked_ignored_tx,
         config.max_file_size,
+        own_index,
     )?;
     let pusher = start_push(&config, &reader, &workdir);
-    let mut book = StatusBook {
-        git_dir: git_dir.clone(),
-        status: Status {
-            unpushed_commits: count_unpushed(&reader, &config.remote, &config.branch, None),
-            head: head_of(&reader).map(|h| h.to_string()),
-            ..Status::default()
-        },
-        pending: false,
-        committing: false,
-        save_error: None,
-        watch_problem: problems.borrow().clone(),
-        push_state: None,
-    };
+    let mut book = StatusBook::new(&git_dir, &reader, &config.remote, problems.borrow().clone());
     let mut retry = SaveRetry::default();
-    // A batch that failed, and when it is tried again.
-    let mut failed: Option<(Changes, Instant)> = None;
+    // A batch that failed or was paused, and when it is tried again (`None`: with the next
+    // batch, for a pause that ends with a change of the git directory).
+    let mut failed: Option<(Changes, Option<Instant>)> = None;
     // When the index file is written: once the watcher has been quiet, or at the latest
     // `IndexWrite::cap` after the first save it lacks, however busy the project is.
-    let mut index_write = IndexWrite::new(&config);
+    let mut index_write = IndexWrite::new(config.index_quiet, config.max_delay);
     // One walk sets every watch and compares every kept file with the index. A failed first
     // pass (a stale lock, a full disk, a read-only `.git`) is retried like any other save:
     // exiting would only make the supervisor restart us into the same fault.
     let (watcher, first) = saver.start(watcher).await?;
     crate::resources::release_free_memory();
     let watched = watcher.watched_dirs();
-    match book.record_save(first, &reader, pusher.as_ref()) {
+    match book.record_save(first, &reader, pusher.as_ref().map(|p| &p.heads)) {
         SaveOutcome::Done { index_unwritten } => index_write.saved(index_unwritten),
+        SaveOutcome::Paused { look_again } => {
+            failed = Some((
+                Changes::everything(),
+                look_again.then(|| Instant::now() + PAUSE_POLL),
+            ));
+        }
         SaveOutcome::Failed(e) => {
             let wait = retry.next_delay();
             tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
-            failed = Some((Changes::everything(), Instant::now() + wait));
+            failed = Some((Changes::everything(), Some(Instant::now() + wait)));
         }
-        SaveOutcome::Gone(e) => return Err(e),
+        SaveOutcome::Gone { git_dir } => return Err(DaemonError::Gone { git_dir }),
     }
     if let Some(p) = &pusher {
         p.heads.send_replace(head_of(&reader));
@@ -450,7 +317,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tokio::pin!(shutdown);
     let mut gone = None;
     loop {
-        let retry_at = failed.as_ref().map(|f| f.1);
+        let retry_at = failed.as_ref().and_then(|f| f.1);
         let write_index_at = index_write.at;
         let mut changes = tokio::select! {
             () = &mut shutdown => break,
@@ -465,7 +332,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 None => break,
             },
             Some(event) = recv_push(&mut pusher) => {
-                book.push_event(event, &reader, &config);
+                book.push_event(event, &reader);
                 book.write();
                 continue;
             }
@@ -502,23 +369,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         if let Some((earlier, _)) = failed.take() {
             changes.merge(earlier);
         }
-        book.committing = true;
-        book.write();
+        book.begin_save();
         let result = saver.save(changes.clone()).await;
-        match book.record_save(result, &reader, pusher.as_ref()) {
+        match book.record_save(result, &reader, pusher.as_ref().map(|p| &p.heads)) {
             SaveOutcome::Done { index_unwritten } => {
                 retry.reset();
                 index_write.saved(index_unwritten);
+            }
+            SaveOutcome::Paused { look_again } => {
+                // Looked at again at the git directory's next change (or soon); once the
+                // user's git is done, one full pass saves what it left (and what changed
+                // meanwhile).
+                changes.merge(Changes::everything());
+                failed = Some((changes, look_again.then(|| Instant::now() + PAUSE_POLL)));
             }
             SaveOutcome::Failed(e) => {
                 let wait = retry.next_delay();
                 tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
                 // A full pass on retry also repairs whatever state made this one fail.
                 changes.merge(Changes::everything());
-                failed = Some((changes, Instant::now() + wait));
+                failed = Some((changes, Some(Instant::now() + wait)));
             }
-            SaveOutcome::Gone(e) => {
-                gone = Some(e);
+            SaveOutcome::Gone { git_dir } => {
+                gone = Some(DaemonError::Gone { git_dir });
                 break;
             }
         }
@@ -542,16 +415,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             ..Changes::everything()
         })
         .await;
-    let outcome = match book.record_save(result, &reader, pusher.as_ref()) {
+    let outcome = match book.record_save(result, &reader, pusher.as_ref().map(|p| &p.heads)) {
         SaveOutcome::Done { .. } => write_index_now(&saver).await,
+        SaveOutcome::Paused { .. } => Ok(()),
         SaveOutcome::Failed(e) => Err(e.into()),
-        SaveOutcome::Gone(e) => Err(e),
+        SaveOutcome::Gone { git_dir } => Err(DaemonError::Gone { git_dir }),
     };
     if let Some(mut p) = pusher {
         p.handle.shutdown(config.shutdown_timeout).await;
         // The last attempt's result belongs in the status the watcher leaves behind.
         while let Ok(event) = p.events.try_recv() {
-            book.push_event(event, &reader, &config);
+            book.push_event(event, &reader);
         }
     }
     if book.push_state != Some(State::Diverged) {
@@ -559,57 +433,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     book.write();
     outcome
-}
-
-/// When the index file is written: `index_quiet` after the latest save when no batch is
-/// pending (the write then delays no save), but never later than `cap` (`--max-delay`, as the
-/// debounce caps a batch) after the first save the file lacks, so a project that is never
-/// quiet (a nested repository's `.git` touched by every `git status`) still gets it.
-struct IndexWrite {
-    quiet: Duration,
-    cap: Duration,
-    /// The first save the index file lacks.
-    since: Option<Instant>,
-    at: Option<Instant>,
-}
-
-impl IndexWrite {
-    fn new(config: &Config) -> Self {
-        Self {
-            quiet: config.index_quiet,
-            cap: config.max_delay.max(config.index_quiet),
-            since: None,
-            at: None,
-        }
-    }
-
-    fn saved(&mut self, unwritten: bool) {
-        if !unwritten {
-            return self.written();
-        }
-        let now = Instant::now();
-        let since = *self.since.get_or_insert(now);
-        self.at = Some((now + self.quiet).min(since + self.cap));
-    }
-
-    /// A batch is coming: the write waits for its save, unless it is due by the cap.
-    fn pending(&mut self) {
-        if self
-            .since
-            .is_some_and(|since| Instant::now() < since + self.cap)
-        {
-            self.at = None;
-        }
-    }
-
-    fn written(&mut self) {
-        self.since = None;
-        self.at = None;
-    }
-
-    fn failed(&mut self) {
-        self.at = Some(Instant::now() + self.quiet);
-    }
 }
 
 /// Writes the index file now (at stop, and after `once`): a failure is a warning, the saves
@@ -651,10 +474,6 @@ fn project_gone(git_dir: &Path) -> DaemonError {
     DaemonError::Gone {
         git_dir: git_dir.to_owned(),
     }
-}
-
-fn log_commit(c: &Committed) {
-    tracing::info!(commit = %c.id, files = c.files_changed, "saved");
 }
 
 async fn recv_push(pusher: &mut Option<Pusher>) -> Option<PushEvent> {
@@ -699,8 +518,13 @@ pub async fn once(config: Config) -> Result<(), DaemonError> {
         Arc::new(filter),
         tracked_ignored,
         config.max_file_size,
+        OwnIndex::default(),
     )?;
     let saved = saver.save(Changes::everything()).await?;
+    if let Some(pause) = &saved.paused {
+        tracing::warn!("paused: {pause}; nothing saved");
+        return Ok(());
+    }
     match saved.committed {
         Some(c) => log_commit(&c),
         None => tracing::info!("nothing to save"),

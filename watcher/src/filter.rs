@@ -6,9 +6,11 @@
 //! callers walk top-down and never ask about the children of an ignored directory.
 //! On top of git's rules, `.git` is always ignored and so is anything named `.env`.
 //!
-//! Lines are read as git reads them, not as the `ignore` crate would: braces are literal (git
-//! has no `{a,b}` alternation), a line with an unclosed `[` matches nothing, and
-//! `core.ignoreCase` makes every rule case-insensitive.
+//! Lines are read and matched by [`crate::gitignore`], a port of git's own code: bytes, not
+//! text (a line that is not UTF-8 applies), braces literal, `***` as `**`, a line with an
+//! unclosed `[` matching nothing, `core.ignoreCase` making every rule case-insensitive. An
+//! in-tree `.gitignore` that is a symbolic link is not read (git 2.32+ opens it with
+//! `O_NOFOLLOW`); `info/exclude` and `core.excludesFile` may be links.
 //!
 //! The watch stage owns the rules and hands an immutable snapshot (`Rules`) with each batch:
 //! no lock is shared between stages. Tracked paths that a rule matches stay tracked (git
@@ -17,19 +19,20 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ignore::Match;
-use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use shmastra_contract::manifest::is_env_file_name;
 
+use crate::gitignore::Patterns;
+
 /// The file name that is never committed, whatever `.gitignore` says.
-pub const ENV_FILE: &str = ".env";
+pub(crate) const ENV_FILE: &str = ".env";
 
 /// Which rules file a path is, when it is one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RulesFile {
+pub(crate) enum RulesFile {
     /// A `.gitignore` in this directory (relative to the working tree; empty for the root).
     Dir(PathBuf),
     /// `.git/info/exclude` or `core.excludesFile`.
@@ -49,25 +52,25 @@ pub struct Filter {
     info_exclude: PathBuf,
     excludes_file: Option<PathBuf>,
     /// Rules of each kept directory that has a `.gitignore`, by relative directory.
-    per_dir: HashMap<PathBuf, Arc<Gitignore>>,
-    repo_rules: Vec<Arc<Gitignore>>,
+    per_dir: HashMap<PathBuf, Arc<Patterns>>,
+    repo_rules: Vec<Arc<Patterns>>,
     /// `core.ignoreCase`.
     ignore_case: bool,
     /// The sparse-checkout patterns when `core.sparseCheckout` is on: `git add -A` adds no
     /// untracked path outside them.
-    sparse: Option<Arc<Gitignore>>,
+    sparse: Option<Arc<Patterns>>,
 }
 
 /// One version of the rules, as the watch stage hands it on with a batch. A newer version
 /// (a higher `generation`) wins when batches merge.
 #[derive(Clone)]
-pub struct Rules {
-    pub filter: Arc<Filter>,
-    pub generation: u64,
+pub(crate) struct Rules {
+    pub(crate) filter: Arc<Filter>,
+    pub(crate) generation: u64,
 }
 
 impl Rules {
-    pub fn new(filter: Filter) -> Self {
+    pub(crate) fn new(filter: Filter) -> Self {
         Self {
             filter: Arc::new(filter),
             generation: 0,
@@ -75,13 +78,13 @@ impl Rules {
     }
 
     /// The rules to change: a copy when a batch still holds this version.
-    pub fn make_mut(&mut self) -> &mut Filter {
+    pub(crate) fn make_mut(&mut self) -> &mut Filter {
         self.generation += 1;
         Arc::make_mut(&mut self.filter)
     }
 
     /// The newer of the two.
-    pub fn newest(self, other: Rules) -> Rules {
+    pub(crate) fn newest(self, other: Rules) -> Rules {
         if other.generation > self.generation {
             other
         } else {
@@ -116,7 +119,7 @@ impl Filter {
         let mut filter = Self {
             workdir: workdir.to_owned(),
             git_dir: git_dir.to_owned(),
-            info_exclude: git_dir.join("info").join("exclude"),
+            info_exclude: crate::layout::info_exclude(git_dir),
             excludes_file,
             per_dir: HashMap::new(),
             repo_rules: Vec::new(),
@@ -128,7 +131,7 @@ impl Filter {
     }
 
     /// Re-reads `.git/info/exclude`, `core.excludesFile` and the sparse-checkout patterns.
-    pub fn reload_repo_rules(&mut self) -> Vec<RuleWarning> {
+    pub(crate) fn reload_repo_rules(&mut self) -> Vec<RuleWarning> {
         let mut warnings = Vec::new();
         // `git sparse-checkout` writes the setting to `config.worktree` when it can.
         let sparse_on = ["config.worktree", "config"]
@@ -144,20 +147,21 @@ impl Filter {
             .unwrap_or(false);
         self.sparse = if sparse_on {
             read_rules(
-                &self.workdir,
                 &self.sparse_file(),
-                self.ignore_case,
+                Path::new(""),
+                Follow::Yes,
                 &mut warnings,
             )
             .map(Arc::new)
         } else {
             None
         };
+        // Checked nearest first: `info/exclude`, then `core.excludesFile`.
         let files = [Some(self.info_exclude.clone()), self.excludes_file.clone()];
         self.repo_rules = files
             .into_iter()
             .flatten()
-            .filter_map(|file| read_rules(&self.workdir, &file, self.ignore_case, &mut warnings))
+            .filter_map(|file| read_rules(&file, Path::new(""), Follow::Yes, &mut warnings))
             .map(Arc::new)
             .collect();
         warnings
@@ -167,12 +171,7 @@ impl Filter {
     pub fn load_dir(&mut self, dir: &Path) -> Vec<RuleWarning> {
         let mut warnings = Vec::new();
         let file = self.workdir.join(dir).join(".gitignore");
-        match read_rules(
-            &self.workdir.join(dir),
-            &file,
-            self.ignore_case,
-            &mut warnings,
-        ) {
+        match read_rules(&file, dir, Follow::No, &mut warnings) {
             Some(rules) => {
                 self.per_dir.insert(dir.to_owned(), Arc::new(rules));
             }
@@ -184,12 +183,12 @@ impl Filter {
     }
 
     /// Forgets the rules of `dir` and every directory below it (removed or now ignored).
-    pub fn forget_below(&mut self, dir: &Path) {
+    pub(crate) fn forget_below(&mut self, dir: &Path) {
         self.per_dir.retain(|d, _| !d.starts_with(dir));
     }
 
     /// Whether `dir` or a directory below it has rules of its own.
-    pub fn has_rules_below(&self, dir: &Path) -> bool {
+    pub(crate) fn has_rules_below(&self, dir: &Path) -> bool {
         self.per_dir.keys().any(|d| d.starts_with(dir))
     }
 
@@ -210,27 +209,31 @@ impl Filter {
             .filter_map(|d| self.per_dir.get(d))
             .map(Arc::as_ref)
             .collect();
+        let mut rel = dir.as_os_str().as_bytes().to_vec();
+        if !rel.is_empty() {
+            rel.push(b'/');
+        }
         DirRules {
             chain,
             repo_rules: &self.repo_rules,
             dir_always_ignored: dir.components().any(|c| c.as_os_str() == ".git"),
-            abs: self.workdir.join(dir),
+            dir_len: rel.len(),
+            rel,
+            ignore_case: self.ignore_case,
         }
     }
 
     /// Whether an untracked `rel` lies outside the sparse checkout, where `git add -A` adds
     /// nothing: the nearest of it and its directories that a pattern matches decides.
-    pub fn outside_sparse(&self, rel: &Path, is_dir: bool) -> bool {
+    pub(crate) fn outside_sparse(&self, rel: &Path, is_dir: bool) -> bool {
         let Some(sparse) = &self.sparse else {
             return false;
         };
         let mut path = Some(rel);
         let mut dir = is_dir;
         while let Some(p) = path.filter(|p| !p.as_os_str().is_empty()) {
-            match sparse.matched(self.workdir.join(p), dir) {
-                Match::Ignore(_) => return false,
-                Match::Whitelist(_) => return true,
-                Match::None => {}
+            if let Some(included) = sparse.decide(p.as_os_str().as_bytes(), dir, self.ignore_case) {
+                return !included;
             }
             path = p.parent();
             dir = true;
@@ -254,7 +257,7 @@ impl Filter {
     }
 
     /// Which rules file `abs` is, if any.
-    pub fn rules_file(&self, rel: Option<&Path>, abs: &Path) -> Option<RulesFile> {
+    pub(crate) fn rules_file(&self, rel: Option<&Path>, abs: &Path) -> Option<RulesFile> {
         if abs == self.info_exclude
             || abs == self.sparse_file()
             || self.excludes_file.as_deref() == Some(abs)
@@ -270,7 +273,7 @@ impl Filter {
         None
     }
 
-    pub fn excludes_file(&self) -> Option<&Path> {
+    pub(crate) fn excludes_file(&self) -> Option<&Path> {
         self.excludes_file.as_deref()
     }
 }
@@ -278,18 +281,18 @@ impl Filter {
 /// Tracked paths a rule matches (not skip-worktree ones): git keeps updating them, so the
 /// watch stage watches their directories. The stage finds them and sends each new set on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TrackedIgnored {
+pub(crate) struct TrackedIgnored {
     paths: BTreeSet<PathBuf>,
 }
 
 impl TrackedIgnored {
     /// Whether `rel` is tracked although ignored (git keeps updating it).
-    pub fn contains(&self, rel: &Path) -> bool {
+    pub(crate) fn contains(&self, rel: &Path) -> bool {
         self.paths.contains(rel)
     }
 
     /// Whether `dir` is, or holds, a tracked path that is ignored: such a directory is watched.
-    pub fn holds(&self, dir: &Path) -> bool {
+    pub(crate) fn holds(&self, dir: &Path) -> bool {
         self.paths
             .range(dir.to_owned()..)
             .next()
@@ -298,7 +301,7 @@ impl TrackedIgnored {
 
     /// Replaces the tracked ignored paths at or under `scope` (everything for the empty path)
     /// by `paths`. Returns whether the set changed.
-    pub fn set(&mut self, scope: &Path, paths: Vec<PathBuf>) -> bool {
+    pub(crate) fn set(&mut self, scope: &Path, paths: Vec<PathBuf>) -> bool {
         let before: Vec<PathBuf> = self
             .paths
             .range(scope.to_owned()..)
@@ -322,11 +325,14 @@ impl TrackedIgnored {
 /// The rules of one directory's entries ([`Filter::dir_rules`]): its own `.gitignore` and
 /// those of the directories above it, nearest first, then the repository's.
 pub struct DirRules<'a> {
-    chain: Vec<&'a Gitignore>,
-    repo_rules: &'a [Arc<Gitignore>],
+    chain: Vec<&'a Patterns>,
+    repo_rules: &'a [Arc<Patterns>],
     dir_always_ignored: bool,
-    /// The directory's absolute path; each entry's name is pushed on and popped off it.
-    abs: PathBuf,
+    /// The directory's path from the top with a trailing `/` (empty for the top); each
+    /// entry's name is put after it.
+    rel: Vec<u8>,
+    dir_len: usize,
+    ignore_case: bool,
 }
 
 impl DirRules<'_> {
@@ -336,24 +342,20 @@ impl DirRules<'_> {
         {
             return true;
         }
-        self.abs.push(name);
-        let decided = self
-            .chain
+        self.rel.truncate(self.dir_len);
+        self.rel.extend_from_slice(name.as_bytes());
+        let (rel, ignore_case) = (&self.rel, self.ignore_case);
+        self.chain
             .iter()
             .copied()
             .chain(self.repo_rules.iter().map(Arc::as_ref))
-            .find_map(|rules| match rules.matched(&self.abs, is_dir) {
-                Match::Ignore(_) => Some(true),
-                Match::Whitelist(_) => Some(false),
-                Match::None => None,
-            });
-        self.abs.pop();
-        decided.unwrap_or(false)
+            .find_map(|rules| rules.decide(rel, is_dir, ignore_case))
+            .unwrap_or(false)
     }
 }
 
 /// `.git` at any depth, and env files: never saved, even when tracked.
-pub fn is_always_ignored(rel: &Path) -> bool {
+pub(crate) fn is_always_ignored(rel: &Path) -> bool {
     rel.components().any(|c| c.as_os_str() == ".git")
         || rel
             .file_name()
@@ -361,121 +363,48 @@ pub fn is_always_ignored(rel: &Path) -> bool {
             .is_some_and(is_env_file_name)
 }
 
+/// Whether a rules file may be a symbolic link.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    Yes,
+    /// An in-tree `.gitignore`: git opens it with `O_NOFOLLOW`.
+    No,
+}
+
+/// The patterns of `file`, for paths under `dir` (relative to the top). A missing file has
+/// none; one git would not read (a symbolic link in the tree, unreadable) has none and a
+/// warning says so.
 fn read_rules(
-    root: &Path,
     file: &Path,
-    ignore_case: bool,
+    dir: &Path,
+    follow: Follow,
     warnings: &mut Vec<RuleWarning>,
-) -> Option<Gitignore> {
-    let Ok(bytes) = std::fs::read(file) else {
+) -> Option<Patterns> {
+    if follow == Follow::No
+        && std::fs::symlink_metadata(file).is_ok_and(|m| m.file_type().is_symlink())
+    {
+        warnings.push(RuleWarning(format!(
+            "{}: a symbolic link, which git does not follow for a .gitignore; its rules do not apply",
+            file.display()
+        )));
         return None;
-    };
-    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
-    let mut builder = GitignoreBuilder::new(root);
-    builder.case_insensitive(ignore_case).ok()?;
-    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let problem = match std::str::from_utf8(line) {
-            Ok(line) => match as_git_reads_it(line) {
-                Some(line) => builder
-                    .add_line(Some(file.to_owned()), &line)
-                    .err()
-                    .map(|e| e.to_string()),
-                None => None,
-            },
-            Err(_) => Some("not UTF-8".to_owned()),
-        };
-        if let Some(problem) = problem {
-            warnings.push(RuleWarning(format!(
-                "{}: line {} was skipped: {problem}",
-                file.display(),
-                i + 1
-            )));
-        }
     }
-    match builder.build() {
-        Ok(rules) => Some(rules),
-        Err(err) => {
+    match std::fs::read(file) {
+        Ok(bytes) => Some(Patterns::parse(&bytes, dir.as_os_str().as_bytes())),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            None
+        }
+        Err(e) => {
             warnings.push(RuleWarning(format!(
-                "{}: rules not used: {err}",
+                "{}: cannot be read, its rules do not apply: {e}",
                 file.display()
             )));
             None
-        }
-    }
-}
-
-/// A rules line rewritten so that the `ignore` crate's glob reads it as git's wildmatch does:
-/// braces escaped (git has no alternation). `None` for a line git can never match (an
-/// unclosed `[`).
-fn as_git_reads_it(line: &str) -> Option<String> {
-    // A pattern ending in a lone `\` (before a trailing `/`) is an escape of nothing, which
-    // git's wildmatch never matches; the crate would read it as something else.
-    let pattern = trim_unescaped_trailing_spaces(line);
-    let pattern = pattern.strip_suffix('/').unwrap_or(pattern);
-    let backslashes = pattern.bytes().rev().take_while(|&b| b == b'\\').count();
-    if backslashes % 2 == 1 {
-        return None;
-    }
-    let mut out = String::with_capacity(line.len() + 4);
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                out.push(c);
-                if let Some(next) = chars.next() {
-                    out.push(next);
-                }
-            }
-            '{' | '}' => {
-                out.push('\\');
-                out.push(c);
-            }
-            '[' => {
-                let class = closed_class(&mut chars)?;
-                out.push('[');
-                out.push_str(&class);
-            }
-            _ => out.push(c),
-        }
-    }
-    Some(out)
-}
-
-/// Git drops trailing spaces unless a backslash escapes them.
-fn trim_unescaped_trailing_spaces(line: &str) -> &str {
-    let mut end = line.len();
-    while line[..end].ends_with(' ') {
-        let before = &line[..end - 1];
-        let escapes = before.bytes().rev().take_while(|&b| b == b'\\').count();
-        if escapes % 2 == 1 {
-            break;
-        }
-        end -= 1;
-    }
-    &line[..end]
-}
-
-/// The rest of a `[...]` class after its `[`, through its `]`; `None` when it never closes.
-fn closed_class(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Option<String> {
-    let mut class = String::new();
-    if let Some(&c) = chars.peek()
-        && (c == '!' || c == '^')
-    {
-        class.push(c);
-        chars.next();
-    }
-    if chars.peek() == Some(&']') {
-        class.push(']');
-        chars.next();
-    }
-    loop {
-        let c = chars.next()?;
-        class.push(c);
-        match c {
-            ']' => return Some(class),
-            '\\' => class.push(chars.next()?),
-            _ => {}
         }
     }
 }
@@ -546,26 +475,6 @@ mod tests {
     fn a_negation_cannot_reach_into_an_ignored_directory() {
         let (_dir, filter) = setup(&[(".gitignore", "c/\n!c/file\n")]);
         assert!(!filter.is_kept(Path::new("c/file"), false));
-    }
-
-    #[test]
-    fn lines_read_as_git_reads_them() {
-        let check = |line: &str, expected: Option<&str>| {
-            assert_eq!(as_git_reads_it(line).as_deref(), expected, "{line:?}");
-        };
-        check("*.{js,map}", Some("*.\\{js,map\\}"));
-        check("\\{x", Some("\\{x"));
-        check("[abc", None);
-        check("foo[", None);
-        check("[]a]x", Some("[]a]x"));
-        check("[!]]", Some("[!]]"));
-        check("[a\\]", None);
-        check("plain/path", Some("plain/path"));
-        check("\\/", None);
-        check("a\\", None);
-        check("a\\\\", Some("a\\\\"));
-        check("trail\\ ", Some("trail\\ "));
-        check("x\\   ", Some("x\\   "));
     }
 
     #[test]

@@ -9,21 +9,16 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use git2::{DiffFormat, DiffOptions, DiffStatsFormat, Oid, Repository};
 use serde::{Deserialize, Serialize};
+use shmastra_contract::save_message::{self, SaveKind};
 
 use crate::at::{self, RevError};
-use crate::commit::{KIND_TRAILER, Kind, SAVED_BY_TRAILER, diff_paths};
-use crate::lock::state_dir;
+use crate::commit::diff_paths;
+use crate::layout::{self, BACKUP_REF_PREFIX, read_synced};
 use crate::status::timestamp;
-use crate::sync::BACKUP_REF_PREFIX;
-
-/// How many synced commits `.git/project-watcher/synced` remembers.
-const SYNCED_KEPT: usize = 200;
 
 /// One save, as `history --json` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +27,8 @@ pub struct Entry {
     pub commit: String,
     /// The commit time, RFC 3339 UTC.
     pub time: String,
-    pub kind: Kind,
+    /// What made it.
+    pub kind: SaveKind,
     /// The paths this save changed (against its first parent).
     pub files: Vec<String>,
     /// Whether the remote has it, as far as this repository last heard.
@@ -42,11 +38,16 @@ pub struct Entry {
     /// The backup ref or recovery branch this save is the tip of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub r#ref: Option<String>,
+    /// The branch `HEAD` is on, for a save in its history (saves only a backup or a recovery
+    /// branch holds, and those of a detached `HEAD`, have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
 }
 
 /// What to list.
 #[derive(Debug, Clone)]
 pub struct Query {
+    /// At most this many saves.
     pub limit: usize,
     /// Only saves that changed this path (a file, or everything under a folder).
     pub path: Option<PathBuf>,
@@ -54,12 +55,16 @@ pub struct Query {
     pub remote: String,
 }
 
+/// Why `history` or `show` could not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {
-    #[error("{path} is not a git repository: {source}")]
-    NotARepository { path: PathBuf, source: git2::Error },
-    #[error("cannot read the project's history: {0}")]
+    /// `--dir` is not the top of a working tree (exit 2).
+    #[error(transparent)]
+    NotARepository(#[from] crate::project_dir::OpenError),
+    /// Reading the repository failed.
+    #[error("cannot read the project's history: {}", .0.message())]
     Git(#[from] git2::Error),
+    /// The save asked for does not resolve.
     #[error(transparent)]
     Rev(#[from] RevError),
 }
@@ -68,18 +73,16 @@ impl HistoryError {
     /// The user's input is wrong (exit 2).
     pub fn is_usage(&self) -> bool {
         match self {
-            Self::NotARepository { .. } => true,
+            Self::NotARepository(_) => true,
             Self::Rev(e) => e.is_usage(),
             Self::Git(_) => false,
         }
     }
 }
 
+/// The repository at `dir`, or an error that says it is none.
 pub fn open(dir: &Path) -> Result<Repository, HistoryError> {
-    Repository::open(dir).map_err(|source| HistoryError::NotARepository {
-        path: dir.to_owned(),
-        source,
-    })
+    crate::project_dir::open(dir).map_err(HistoryError::from)
 }
 
 /// The saves on `HEAD`, the backups and the recovery branches, newest first.
@@ -90,6 +93,17 @@ pub fn history(repo: &Repository, query: &Query) -> Result<Vec<Entry>, HistoryEr
     let unpushed = unpushed(repo, &query.remote, &tips)?;
     let synced = read_synced(repo.path());
     let pathspec = query.path.as_deref().map(normalise_path);
+    let branch = repo
+        .head()
+        .ok()
+        .filter(|h| h.is_branch())
+        .and_then(|h| h.shorthand().ok().map(str::to_owned));
+    // Without side tips every save walked is on `HEAD`'s history; with them, each is asked.
+    let on_branch = |oid: Oid| {
+        head.is_some_and(|h| {
+            tips.is_empty() || h == oid || repo.graph_descendant_of(h, oid).unwrap_or(false)
+        })
+    };
     let mut entries = Vec::new();
     for commit in walk {
         if entries.len() >= query.limit {
@@ -105,7 +119,7 @@ pub fn history(repo: &Repository, query: &Query) -> Result<Vec<Entry>, HistoryEr
         let message = commit.message_raw().unwrap_or_default();
         let tip = tips.get(&oid).cloned();
         let kind = match classify(message, synced.contains(&oid)) {
-            Kind::Autosave if tip.is_some() => Kind::Backup,
+            SaveKind::Autosave if tip.is_some() => SaveKind::Backup,
             kind => kind,
         };
         entries.push(Entry {
@@ -121,6 +135,7 @@ pub fn history(repo: &Repository, query: &Query) -> Result<Vec<Entry>, HistoryEr
                 .unwrap_or_default()
                 .to_owned(),
             r#ref: tip,
+            branch: branch.clone().filter(|_| on_branch(oid)),
         });
     }
     Ok(entries)
@@ -128,29 +143,11 @@ pub fn history(repo: &Repository, query: &Query) -> Result<Vec<Entry>, HistoryEr
 
 /// The kind of a commit from its message: the watcher's trailers, else `sync` for a commit a
 /// sync pulled in, else `other`.
-pub fn classify(message: &str, synced: bool) -> Kind {
-    let mut saved_by_watcher = false;
-    let mut kind = None;
-    if let Ok(trailers) = git2::message_trailers_strs(message) {
-        for (name, value) in trailers.iter() {
-            if name.eq_ignore_ascii_case(SAVED_BY_TRAILER) && value.starts_with("project-watcher/")
-            {
-                saved_by_watcher = true;
-            } else if name.eq_ignore_ascii_case(KIND_TRAILER) {
-                kind = Kind::parse(value);
-            }
-        }
-    }
-    if !saved_by_watcher {
-        return if synced { Kind::Sync } else { Kind::Other };
-    }
-    // Saves from before the kind trailer existed: autosaves and sync's backups.
-    kind.unwrap_or_else(|| {
-        if message.starts_with("backup:") {
-            Kind::Backup
-        } else {
-            Kind::Autosave
-        }
+pub(crate) fn classify(message: &str, synced: bool) -> SaveKind {
+    save_message::classify(message).unwrap_or(if synced {
+        SaveKind::Sync
+    } else {
+        SaveKind::Other
     })
 }
 
@@ -159,7 +156,7 @@ fn side_tips(repo: &Repository, remote: &str) -> Result<HashMap<Oid, String>, gi
     let mut tips = HashMap::new();
     // A pushed backup has both refs; the remote's name is the one that outlives the sandbox.
     for glob in [
-        format!("refs/remotes/{remote}/recovery/*"),
+        layout::recovery_tracking_glob(remote),
         format!("{BACKUP_REF_PREFIX}*"),
     ] {
         for reference in repo.references_glob(&glob)? {
@@ -244,15 +241,18 @@ fn diff_of<'r>(
 }
 
 /// `./src/` -> `src`: pathspecs are relative to the project's top.
-pub fn normalise_path(path: &Path) -> String {
+pub(crate) fn normalise_path(path: &Path) -> String {
     let text = path.to_string_lossy();
     let text = text.trim_start_matches("./").trim_end_matches('/');
     text.to_owned()
 }
 
-/// The history as a person reads it: one line per save.
+/// The history as a person reads it: one line per save, after a line naming the branch.
 pub fn render(entries: &[Entry]) -> String {
-    let mut out = String::new();
+    let mut out = match entries.iter().find_map(|e| e.branch.as_deref()) {
+        Some(branch) => format!("branch {branch}\n"),
+        None => String::new(),
+    };
     for e in entries {
         let files = match e.files.len() {
             1 => "1 file".to_owned(),
@@ -310,99 +310,22 @@ pub fn show(repo: &Repository, rev: &str) -> Result<String, HistoryError> {
     Ok(out)
 }
 
-/// The commits syncs made the working tree, as `.git/project-watcher/synced` lists them.
-fn read_synced(git_dir: &Path) -> HashSet<Oid> {
-    fs::read_to_string(synced_file(git_dir))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| Oid::from_str(l.trim()).ok())
-        .collect()
-}
-
-fn synced_file(git_dir: &Path) -> PathBuf {
-    state_dir(git_dir).join("synced")
-}
-
-/// Remembers that a sync made `commit` the working tree (kind `sync` in history). Keeps the
-/// newest [`SYNCED_KEPT`]; written through a temp file and a rename.
-pub fn record_synced(git_dir: &Path, commit: Oid) -> io::Result<()> {
-    let path = synced_file(git_dir);
-    let current = match fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e),
-    };
-    let mut lines: Vec<&str> = current.lines().collect();
-    let id = commit.to_string();
-    lines.push(&id);
-    let start = lines.len().saturating_sub(SYNCED_KEPT);
-    let body = lines[start..].join("\n") + "\n";
-    fs::create_dir_all(state_dir(git_dir))?;
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, body)?;
-    fs::rename(&tmp, &path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The trailer rules are the contract's (tested there against git); here: what a sync
+    /// record adds to them.
     #[test]
-    fn kinds_come_from_the_trailers() {
-        let check = |message: &str, synced: bool, expected: Kind| {
+    fn a_synced_commit_without_the_watchers_trailers_is_a_sync() {
+        let paths = vec!["a.ts".to_owned()];
+        let check = |message: &str, synced: bool, expected: SaveKind| {
             assert_eq!(classify(message, synced), expected, "{message:?}");
         };
-        let paths = vec!["a.ts".to_owned()];
-        check(&crate::commit::message(&paths), false, Kind::Autosave);
-        check(&crate::commit::message(&paths), true, Kind::Autosave);
-        check(
-            &crate::commit::message_with("restore: x", Kind::Restore, &paths, &[]),
-            false,
-            Kind::Restore,
-        );
-        check(
-            &crate::commit::message_with("backup: x", Kind::Backup, &[], &[]),
-            false,
-            Kind::Backup,
-        );
-        // Before the kind trailer: the subject tells.
-        check(
-            "autosave: 1 files changed\n\na.ts\n\nSaved-by: project-watcher/0.1.0\n",
-            false,
-            Kind::Autosave,
-        );
-        check(
-            "backup: unsaved work before sync\n\nSaved-by: project-watcher/0.1.0\n",
-            false,
-            Kind::Backup,
-        );
-        // A person's commit, even one that mentions the trailer in its body.
-        check("fix the weather tool\n", false, Kind::Other);
-        check("fix the weather tool\n", true, Kind::Sync);
-        check(
-            "Save-kind: restore\n\nwrote Saved-by: project-watcher/1 by hand\n",
-            false,
-            Kind::Other,
-        );
-    }
-
-    #[test]
-    fn the_synced_list_keeps_the_newest() {
-        let dir = tempfile::tempdir().unwrap();
-        for i in 0..(SYNCED_KEPT as u32 + 3) {
-            let oid = Oid::hash_object(git2::ObjectType::Blob, &i.to_be_bytes()).unwrap();
-            record_synced(dir.path(), oid).unwrap();
-        }
-        let kept = read_synced(dir.path());
-        assert_eq!(kept.len(), SYNCED_KEPT);
-        let first = Oid::hash_object(git2::ObjectType::Blob, &0u32.to_be_bytes()).unwrap();
-        let last = Oid::hash_object(
-            git2::ObjectType::Blob,
-            &(SYNCED_KEPT as u32 + 2).to_be_bytes(),
-        )
-        .unwrap();
-        assert!(!kept.contains(&first));
-        assert!(kept.contains(&last));
+        check(&crate::commit::message(&paths), false, SaveKind::Autosave);
+        check(&crate::commit::message(&paths), true, SaveKind::Autosave);
+        check("fix the weather tool\n", false, SaveKind::Other);
+        check("fix the weather tool\n", true, SaveKind::Sync);
     }
 
     #[test]

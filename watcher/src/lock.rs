@@ -8,19 +8,29 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-/// The folder under `.git/` that holds the watcher's own files.
-pub fn state_dir(git_dir: &Path) -> PathBuf {
-    git_dir.join("project-watcher")
-}
+use crate::layout::{self, INDEX_UNWRITTEN, INSTANCE_LOCK, REPO_LOCK, state_file};
 
+/// A lock that could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
+    /// Another watcher runs on this repository.
     #[error(
         "another project-watcher (pid {holder}) is already watching this repository; lock file {path}"
     )]
-    Held { path: PathBuf, holder: String },
+    Held {
+        /// The lock file.
+        path: PathBuf,
+        /// The pid the holder wrote into it (`unknown` when unreadable).
+        holder: String,
+    },
+    /// The lock file could not be opened or locked.
     #[error("cannot open lock file {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
 }
 
 /// Held for the life of a `watch`: a second watcher on the same repository exits with code 3.
@@ -33,8 +43,8 @@ impl InstanceLock {
     /// Takes the lock without waiting and records our pid in it for the error message of the
     /// next contender. A corrupt or stale pid in the file is simply overwritten.
     pub fn try_acquire(git_dir: &Path) -> Result<Self, LockError> {
-        let path = state_dir(git_dir).join("instance.lock");
-        let mut file = open_lock_file(&path)?;
+        let path = state_file(git_dir, INSTANCE_LOCK);
+        let mut file = open_lock_file(git_dir, &path)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -63,7 +73,7 @@ impl InstanceLock {
 /// Whether a watcher holds the instance lock of this repository. Probes with a shared lock,
 /// which a watcher starting at that instant would see as held for a moment only.
 pub fn watcher_running(git_dir: &Path) -> bool {
-    let path = state_dir(git_dir).join("instance.lock");
+    let path = state_file(git_dir, INSTANCE_LOCK);
     let Ok(file) = File::open(&path) else {
         return false;
     };
@@ -79,8 +89,8 @@ pub struct RepoLock {
 impl RepoLock {
     /// Blocks until the lock is free. Call it from a blocking context (`spawn_blocking`).
     pub fn acquire(git_dir: &Path) -> Result<Self, LockError> {
-        let path = state_dir(git_dir).join("repo.lock");
-        let file = open_lock_file(&path)?;
+        let path = state_file(git_dir, REPO_LOCK);
+        let file = open_lock_file(git_dir, &path)?;
         file.lock()
             .map_err(|source| LockError::Io { path, source })?;
         Ok(Self { _file: file })
@@ -91,8 +101,8 @@ impl RepoLock {
     /// [`INDEX_UNWRITTEN`] marker, made and removed under this lock), waiting at most
     /// [`INDEX_WRITE_WAIT`]; after that, or with no watcher running, it goes on (their trees
     /// come out the same from an older index).
-    pub fn acquire_after_watcher_index(git_dir: &Path) -> Result<Self, LockError> {
-        let marker = state_dir(git_dir).join(INDEX_UNWRITTEN);
+    pub(crate) fn acquire_after_watcher_index(git_dir: &Path) -> Result<Self, LockError> {
+        let marker = state_file(git_dir, INDEX_UNWRITTEN);
         let deadline = std::time::Instant::now() + INDEX_WRITE_WAIT;
         loop {
             let lock = Self::acquire(git_dir)?;
@@ -109,8 +119,8 @@ impl RepoLock {
 
     /// Takes the lock if it is free, else `None`.
     pub fn try_acquire(git_dir: &Path) -> Result<Option<Self>, LockError> {
-        let path = state_dir(git_dir).join("repo.lock");
-        let file = open_lock_file(&path)?;
+        let path = state_file(git_dir, REPO_LOCK);
+        let file = open_lock_file(git_dir, &path)?;
         match file.try_lock() {
             Ok(()) => Ok(Some(Self { _file: file })),
             Err(TryLockError::WouldBlock) => Ok(None),
@@ -119,16 +129,14 @@ impl RepoLock {
     }
 }
 
-fn open_lock_file(path: &Path) -> Result<File, LockError> {
+fn open_lock_file(git_dir: &Path, path: &Path) -> Result<File, LockError> {
     let io_err = |source| LockError::Io {
         path: path.to_owned(),
         source,
     };
     // Only the watcher's own folder is made, never `.git` itself: a repository deleted
     // under a running watcher must not come back as an empty `.git`.
-    if let Some(parent) = path.parent() {
-        create_state_dir(parent).map_err(io_err)?;
-    }
+    layout::create_state_dir(git_dir).map_err(io_err)?;
     OpenOptions::new()
         .read(true)
         .write(true)
@@ -138,29 +146,16 @@ fn open_lock_file(path: &Path) -> Result<File, LockError> {
         .map_err(io_err)
 }
 
-/// Makes `.git/project-watcher` (one level: `.git` must exist). A watcher whose project was
-/// removed under it then fails here instead of re-creating the removed tree, which a sandbox
-/// provider would take for a sandbox that still exists.
-pub fn create_state_dir(dir: &Path) -> io::Result<()> {
-    match fs::create_dir(dir) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
-        _ => Ok(()),
-    }
-}
-
-/// The marker a watcher keeps in its state folder while `.git/index` is behind the index it
-/// committed from (see `save.rs`); made and removed only under `repo.lock`.
-pub const INDEX_UNWRITTEN: &str = "index-unwritten";
 /// How long `sync`, `restore` and `restore --at` wait for a running watcher's index write.
-pub const INDEX_WRITE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const INDEX_WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// How old an `index.lock` must be before it counts as left behind by a dead process.
-pub const STALE_INDEX_LOCK_AGE: Duration = Duration::from_secs(60);
+pub(crate) const STALE_INDEX_LOCK_AGE: Duration = Duration::from_secs(60);
 
 /// Removes a git lock file (`index.lock`, `refs/heads/main.lock`, ...) when no process has it
 /// open and it is older than `max_age`. Returns whether it removed it. Call it with the repo
 /// lock held.
-pub fn remove_stale_lock_file(path: &Path, max_age: Duration) -> io::Result<bool> {
+pub(crate) fn remove_stale_lock_file(path: &Path, max_age: Duration) -> io::Result<bool> {
     let path = path.to_owned();
     let meta = match fs::symlink_metadata(&path) {
         Ok(meta) => meta,
@@ -184,7 +179,7 @@ pub fn remove_stale_lock_file(path: &Path, max_age: Duration) -> io::Result<bool
 
 /// The lock files under `.git/refs/remotes/` (the pusher records each confirmed push there;
 /// a lock left by a kill in that moment would fail every later push).
-pub fn remote_ref_lock_files(git_dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn remote_ref_lock_files(git_dir: &Path) -> Vec<PathBuf> {
     fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
         let Ok(entries) = fs::read_dir(dir) else {
             return;
@@ -207,22 +202,22 @@ pub fn remote_ref_lock_files(git_dir: &Path) -> Vec<PathBuf> {
 /// ([`Self::PUSHING`]). A watcher killed inside one leaves it behind, which tells the next
 /// one that the git lock files it finds are its predecessor's, not a live `git` command's, so
 /// they need not age 60 s before removal.
-pub struct WorkMarker {
+pub(crate) struct WorkMarker {
     path: PathBuf,
 }
 
 impl WorkMarker {
-    pub const SAVING: &str = "saving";
-    pub const PUSHING: &str = "pushing";
+    pub(crate) const SAVING: &str = layout::SAVING;
+    pub(crate) const PUSHING: &str = layout::PUSHING;
 
     /// Whether the previous run of `work` ended without removing its marker (its process died).
-    pub fn left_behind(git_dir: &Path, work: &str) -> bool {
-        state_dir(git_dir).join(work).exists()
+    pub(crate) fn left_behind(git_dir: &Path, work: &str) -> bool {
+        state_file(git_dir, work).exists()
     }
 
     /// Marks `work` as started; the marker goes when this is dropped.
-    pub fn begin(git_dir: &Path, work: &str) -> io::Result<Self> {
-        let path = state_dir(git_dir).join(work);
+    pub(crate) fn begin(git_dir: &Path, work: &str) -> io::Result<Self> {
+        let path = state_file(git_dir, work);
         File::create(&path)?;
         Ok(Self { path })
     }
@@ -236,7 +231,7 @@ impl Drop for WorkMarker {
 
 /// Removes each of `paths` that is a stale lock file (see [`remove_stale_lock_file`]),
 /// at once when `predecessor_died`, else once 60 s old; each removal is a warning.
-pub fn clear_stale_locks(paths: impl IntoIterator<Item = PathBuf>, predecessor_died: bool) {
+pub(crate) fn clear_stale_locks(paths: impl IntoIterator<Item = PathBuf>, predecessor_died: bool) {
     let max_age = if predecessor_died {
         Duration::ZERO
     } else {
@@ -294,12 +289,8 @@ mod tests {
     #[test]
     fn instance_lock_is_free_again_after_drop_even_with_garbage_in_file() {
         let dir = tempfile::tempdir().unwrap();
-        fs::create_dir_all(state_dir(dir.path())).unwrap();
-        fs::write(
-            state_dir(dir.path()).join("instance.lock"),
-            b"\xff\x00garbage",
-        )
-        .unwrap();
+        layout::create_state_dir(dir.path()).unwrap();
+        fs::write(state_file(dir.path(), INSTANCE_LOCK), b"\xff\x00garbage").unwrap();
         drop(InstanceLock::try_acquire(dir.path()).unwrap());
         InstanceLock::try_acquire(dir.path()).unwrap();
     }
@@ -327,7 +318,7 @@ mod tests {
     #[test]
     fn a_work_marker_outlives_only_a_process_that_died_inside_the_work() {
         let dir = tempfile::tempdir().unwrap();
-        fs::create_dir_all(state_dir(dir.path())).unwrap();
+        layout::create_state_dir(dir.path()).unwrap();
         let saving = WorkMarker::SAVING;
         assert!(!WorkMarker::left_behind(dir.path(), saving));
         let marker = WorkMarker::begin(dir.path(), saving).unwrap();

@@ -6,23 +6,47 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use project_watcher::config::{self, Config, LogFormat};
 use project_watcher::daemon;
 use project_watcher::history;
+use project_watcher::logging::Verbosity;
 use project_watcher::remote::{self, RemoteSettings};
 use project_watcher::restore::{self, Restored};
 use project_watcher::restore_at;
 use project_watcher::sync::{self, SyncSettings};
 use shmastra_contract::env;
 
+/// Shown under every `--help`: what the exit code says, and every env var read.
+const AFTER_HELP: &str = "\
+Exit codes: 0 done, 1 it ran and failed, 2 a setting, an argument or the directory must
+change (nothing was done), 3 `status`: no watcher is running; `watch`, `once`: another
+watcher runs on the project.
+
+Environment (a flag, when given, wins):
+  PROJECT_DIR, PROJECT_REMOTE, PROJECT_BRANCH   --dir, --remote, --branch
+  PROJECT_TOKEN                    the git password (basic auth); never a flag
+  PROJECT_WATCHER_DEBOUNCE         --debounce (old name: WATCHER_DEBOUNCE)
+  PROJECT_WATCHER_MAX_DELAY        --max-delay (old name: WATCHER_MAX_DELAY)
+  PROJECT_WATCHER_NETWORK_TIMEOUT  a push or fetch without progress fails after this (30s)
+  PROJECT_WATCHER_MIN_FREE_DISK    `status` warns below this free space (max(512MiB, 5%))
+  RUST_LOG                         log filter (default info); -q, -v adjust it";
+
 #[derive(Parser)]
 #[command(
     name = "project-watcher",
     version,
-    about = "Saves a project directory to git as you work."
+    about = "Saves a project directory to git as you work.",
+    after_help = AFTER_HELP
 )]
 struct Cli {
+    /// Log less: warnings and errors only (-qq: errors only).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    quiet: u8,
+    /// Log more: debug (-vv: trace).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -32,7 +56,7 @@ enum Command {
     /// Watch the project and save every change to git (and push it), until SIGINT/SIGTERM.
     Watch(WatchArgs),
     /// Stage, commit and push what changed now, then exit.
-    Once(WatchArgs),
+    Once(OnceArgs),
     /// Print what the running watcher is doing.
     Status(StatusArgs),
     /// Make the working tree exactly the remote branch (a fresh sandbox). Ignored files stay;
@@ -55,7 +79,7 @@ struct RemoteArgs {
     /// The project directory (top of a git working tree).
     #[arg(long, env = env::PROJECT_DIR, default_value = ".")]
     dir: PathBuf,
-    /// The remote the project is saved to; when it does not exist, `watch` commits locally.
+    /// The git remote (by name) the project is saved to and restored from.
     #[arg(long, env = env::PROJECT_REMOTE, default_value = env::DEFAULT_REMOTE)]
     remote: String,
     /// The branch on that remote.
@@ -138,28 +162,35 @@ struct SyncArgs {
     start_cmd: Option<String>,
 }
 
+/// What `once` takes, and `watch` too.
 #[derive(Args)]
-struct WatchArgs {
+struct OnceArgs {
     #[command(flatten)]
     project: RemoteArgs,
-    /// Commit once no change arrived for this long.
-    #[arg(long, env = "WATCHER_DEBOUNCE", default_value = "3s", value_parser = config::parse_duration)]
-    debounce: Duration,
-    /// Commit at the latest this long after the first unsaved change.
-    #[arg(long, env = "WATCHER_MAX_DELAY", default_value = "30s", value_parser = config::parse_duration)]
-    max_delay: Duration,
-    /// Commit locally only.
+    /// Commit locally only (also what happens when the remote does not exist).
     #[arg(long)]
     no_push: bool,
     /// Leave out files larger than this (listed in the status file).
     #[arg(long, default_value = "50MiB", value_parser = config::parse_size)]
     max_file_size: u64,
-    /// How long the final push may take on SIGINT/SIGTERM.
-    #[arg(long, default_value = "8s", value_parser = config::parse_duration)]
-    shutdown_timeout: Duration,
     /// auto: pretty on a terminal, JSON lines otherwise.
     #[arg(long, default_value = "auto")]
     log_format: LogFormat,
+}
+
+#[derive(Args)]
+struct WatchArgs {
+    #[command(flatten)]
+    once: OnceArgs,
+    /// Commit once no change arrived for this long.
+    #[arg(long, env = env::WATCHER_DEBOUNCE, default_value = "3s", value_parser = config::parse_duration)]
+    debounce: Duration,
+    /// Commit at the latest this long after the first unsaved change.
+    #[arg(long, env = env::WATCHER_MAX_DELAY, default_value = "30s", value_parser = config::parse_duration)]
+    max_delay: Duration,
+    /// How long the final push may take on SIGINT/SIGTERM.
+    #[arg(long, default_value = "8s", value_parser = config::parse_duration)]
+    shutdown_timeout: Duration,
 }
 
 #[derive(Args)]
@@ -171,49 +202,90 @@ struct StatusArgs {
     json: bool,
 }
 
-impl WatchArgs {
-    fn into_config(self) -> Result<Config, config::ConfigError> {
+impl OnceArgs {
+    fn into_config(self) -> Config {
         let mut config = Config::new(self.project.dir);
         config.remote = self.project.remote;
         config.branch = self.project.branch;
-        config.debounce = self.debounce;
-        config.max_delay = self.max_delay;
         config.push = !self.no_push;
         config.max_file_size = self.max_file_size;
-        config.shutdown_timeout = self.shutdown_timeout;
         config.log_format = self.log_format;
         config.token = remote::token_from_env();
-        config.validate()
+        config
+    }
+}
+
+impl WatchArgs {
+    /// A setting left at its default takes the value of its old env var name, when set.
+    fn read_old_names(&mut self, given: &clap::ArgMatches) -> Result<(), String> {
+        for (old, new) in env::OLD_NAMES {
+            let (id, setting) = match new {
+                env::WATCHER_DEBOUNCE => ("debounce", &mut self.debounce),
+                env::WATCHER_MAX_DELAY => ("max_delay", &mut self.max_delay),
+                _ => continue,
+            };
+            if given.value_source(id) == Some(ValueSource::DefaultValue)
+                && let Ok(value) = std::env::var(old)
+            {
+                *setting = config::parse_duration(&value).map_err(|e| format!("{old}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn into_config(self) -> Config {
+        let mut config = self.once.into_config();
+        config.debounce = self.debounce;
+        config.max_delay = self.max_delay;
+        config.shutdown_timeout = self.shutdown_timeout;
+        config
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let (Command::Watch(args), Some(("watch", given))) = (&mut cli.command, matches.subcommand())
+        && let Err(problem) = args.read_old_names(given)
+    {
+        eprintln!("project-watcher: {problem}");
+        return ExitCode::from(2);
+    }
     // Before any thread or network call: every request carries the watcher's User-Agent.
-    project_watcher::transport::init(project_watcher::transport::DEFAULT_NETWORK_TIMEOUT);
+    match project_watcher::transport::network_timeout_from_env() {
+        Ok(timeout) => project_watcher::transport::init(timeout),
+        Err(problem) => {
+            eprintln!("project-watcher: {problem}");
+            return ExitCode::from(2);
+        }
+    };
+    let verbosity = Verbosity {
+        quiet: cli.quiet,
+        verbose: cli.verbose,
+    };
     match cli.command {
-        Command::Watch(args) => with_config(args, |config| {
+        Command::Watch(args) => with_config(args.into_config(), verbosity, |config| {
             runtime()?.block_on(async {
                 let shutdown = shutdown_signal().map_err(daemon::DaemonError::Runtime)?;
                 daemon::run(config, shutdown).await
             })
         }),
-        Command::Once(args) => {
-            with_config(args, |config| runtime()?.block_on(daemon::once(config)))
-        }
+        Command::Once(args) => with_config(args.into_config(), verbosity, |config| {
+            runtime()?.block_on(daemon::once(config))
+        }),
         Command::Status(args) => status(args),
         Command::Restore(args) => match &args.at {
             Some(at) => restore_at_command(&args, at),
-            None => restore_command(args.project),
+            None => restore_command(args.project, verbosity),
         },
         Command::History(args) => history_command(args),
         Command::Show(args) => show_command(args),
-        Command::Sync(args) => sync_command(args),
+        Command::Sync(args) => sync_command(args, verbosity),
     }
 }
 
-fn restore_command(args: RemoteArgs) -> ExitCode {
-    project_watcher::logging::init(LogFormat::Auto);
+fn restore_command(args: RemoteArgs, verbosity: Verbosity) -> ExitCode {
+    project_watcher::logging::init(LogFormat::Auto, verbosity);
     match restore::restore(&args.into_settings()) {
         Ok(Restored::Commit(commit)) => {
             tracing::info!(%commit, "restored the working tree");
@@ -223,10 +295,7 @@ fn restore_command(args: RemoteArgs) -> ExitCode {
             tracing::info!("the remote has no such branch yet: nothing to restore");
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::from(if e.is_configuration() { 2 } else { 1 })
-        }
+        Err(e) => fail(&e, e.is_configuration()),
     }
 }
 
@@ -286,7 +355,8 @@ fn show_command(args: ShowArgs) -> ExitCode {
     }
 }
 
-/// One line on stderr; exit 2 for bad input, 1 for a failure.
+/// The one plain line on stderr that ends a command (never a log line: the same text whether
+/// stderr is a terminal or PM2's log); exit 2 for bad input, 1 for a failure.
 fn fail(e: &dyn std::fmt::Display, usage: bool) -> ExitCode {
     eprintln!("project-watcher: {e}");
     ExitCode::from(if usage { 2 } else { 1 })
@@ -314,8 +384,8 @@ fn short(id: git2::Oid) -> String {
     id.to_string()[..7].to_owned()
 }
 
-fn sync_command(args: SyncArgs) -> ExitCode {
-    project_watcher::logging::init(LogFormat::Auto);
+fn sync_command(args: SyncArgs, verbosity: Verbosity) -> ExitCode {
+    project_watcher::logging::init(LogFormat::Auto, verbosity);
     let settings = SyncSettings {
         restore: args.project.into_settings(),
         failure_file: args.failure_file,
@@ -325,38 +395,38 @@ fn sync_command(args: SyncArgs) -> ExitCode {
     };
     match sync::sync(&settings) {
         Ok(report) => {
+            // Plain values, and no field at all for what did not happen (never `None`).
+            let commit = report.commit.map(|c| c.to_string());
             tracing::info!(
-                commit = ?report.commit.map(|c| c.to_string()),
-                backup = ?report.backup_ref,
-                backup_pushed = ?report.backup_pushed,
-                installed_with = ?report.installed_with,
+                commit = commit.as_deref(),
+                backup = report.backup_ref.as_deref(),
+                backup_pushed = report.backup_pushed.as_deref(),
+                installed_with = report.installed_with.as_deref(),
                 "sync done"
             );
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::from(if e.configuration { 2 } else { 1 })
-        }
+        Err(e) => fail(&e, e.configuration),
     }
 }
 
 fn with_config(
-    args: WatchArgs,
+    config: Config,
+    verbosity: Verbosity,
     run: impl FnOnce(Config) -> Result<(), daemon::DaemonError>,
 ) -> ExitCode {
-    let config = match args.into_config() {
+    let config = match config.validate() {
         Ok(config) => config,
         Err(e) => {
             eprintln!("project-watcher: {e}");
             return ExitCode::from(2);
         }
     };
-    project_watcher::logging::init(config.log_format);
+    project_watcher::logging::init(config.log_format, verbosity);
     match run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
+            eprintln!("project-watcher: {e}");
             ExitCode::from(e.exit_code())
         }
     }
@@ -395,13 +465,23 @@ fn status(args: StatusArgs) -> ExitCode {
     };
     let running = project_watcher::lock::watcher_running(&git_dir);
     let mut read = project_watcher::status::read(&git_dir);
-    if let (Ok(status), true) = (&mut read, running) {
+    match (&mut read, running) {
         // The figures of now, not of the watcher's last status write (it idles silently).
-        status.measure(&git_dir);
+        (Ok(status), true) => status.measure(&git_dir),
+        (Ok(status), false) => {
+            if let Ok(repo) = project_watcher::project_dir::open(&args.dir) {
+                status.as_stopped(&repo);
+            }
+        }
+        (Err(_), _) => {}
     }
     if let Ok(status) = &read {
         let shown = if args.json {
-            serde_json::to_string_pretty(status).map_err(|e| e.to_string())
+            let mut shown = status.clone();
+            if !running {
+                shown.state = project_watcher::status::State::Stopped;
+            }
+            serde_json::to_string_pretty(&shown).map_err(|e| e.to_string())
         } else if running {
             Ok(status.to_string())
         } else {

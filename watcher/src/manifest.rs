@@ -39,7 +39,7 @@ pub fn env_names(text: &[u8]) -> (Vec<String>, usize) {
 /// [`MAX_NAME_LEN`](shmastra_contract::manifest::MAX_NAME_LEN); dotenvy reads no other
 /// invalid name) is left out with a warning, so the manifest stays one the cloud accepts.
 /// Fails only when the names are too many for any manifest.
-pub fn manifest_for(
+pub(crate) fn manifest_for(
     names: &[String],
     env_files: &BTreeMap<String, Vec<String>>,
 ) -> Result<Manifest, ManifestError> {

@@ -9,9 +9,13 @@ use shmastra_contract::env::PROJECT_TOKEN;
 /// (never a flag: flags show up in `ps`).
 #[derive(Clone)]
 pub struct RemoteSettings {
+    /// The project's top directory.
     pub workdir: PathBuf,
+    /// The remote's name.
     pub remote: String,
+    /// The branch on that remote.
     pub branch: String,
+    /// The basic-auth password of HTTP requests to it.
     pub token: Option<String>,
 }
 

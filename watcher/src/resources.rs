@@ -26,7 +26,7 @@ const MIN_FREE_PERCENT: u64 = 5;
 /// entries and watches allocated beside them; glibc keeps such holes resident otherwise.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
-pub fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     // SAFETY: `malloc_trim` takes each arena's lock itself and only returns pages that hold
     // no allocation; it reads and writes no memory of ours.
     unsafe {
@@ -36,18 +36,18 @@ pub fn release_free_memory() {
 
 /// Other allocators return free memory on their own terms.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn release_free_memory() {}
+pub(crate) fn release_free_memory() {}
 
 /// A process's resident memory (bytes) and CPU time (user + system, milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessUsage {
-    pub rss_bytes: u64,
-    pub cpu_ms: u64,
+pub(crate) struct ProcessUsage {
+    pub(crate) rss_bytes: u64,
+    pub(crate) cpu_ms: u64,
 }
 
 /// Reads `/proc/<pid>/status` (`VmRSS`) and `/proc/<pid>/stat` (`utime`, `stime`); `None`
 /// when the process is gone.
-pub fn process(pid: u32) -> Option<ProcessUsage> {
+pub(crate) fn process(pid: u32) -> Option<ProcessUsage> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let rss_kib: u64 = status
         .lines()
@@ -71,13 +71,13 @@ pub fn process(pid: u32) -> Option<ProcessUsage> {
 
 /// Space on a file system, in bytes: `free` is what an unprivileged writer can still use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskSpace {
-    pub free: u64,
-    pub total: u64,
+pub(crate) struct DiskSpace {
+    pub(crate) free: u64,
+    pub(crate) total: u64,
 }
 
 /// The file system holding `path`.
-pub fn disk(path: &Path) -> Option<DiskSpace> {
+pub(crate) fn disk(path: &Path) -> Option<DiskSpace> {
     let vfs = rustix::fs::statvfs(path).ok()?;
     Some(DiskSpace {
         free: vfs.f_bavail.saturating_mul(vfs.f_frsize),
@@ -87,7 +87,7 @@ pub fn disk(path: &Path) -> Option<DiskSpace> {
 
 /// The free space below which the status warns: [`MIN_FREE_DISK_ENV`] when set and valid,
 /// else max(512 MiB, 5 % of `total`).
-pub fn min_free(total: u64) -> u64 {
+pub(crate) fn min_free(total: u64) -> u64 {
     std::env::var(MIN_FREE_DISK_ENV)
         .ok()
         .and_then(|v| crate::config::parse_size(&v).ok())
@@ -99,7 +99,7 @@ fn default_min_free(total: u64) -> u64 {
 }
 
 /// The warning the status carries when `space` is below `min_free`.
-pub fn disk_warning(space: DiskSpace, min_free: u64) -> Option<String> {
+pub(crate) fn disk_warning(space: DiskSpace, min_free: u64) -> Option<String> {
     (space.free < min_free).then(|| {
         format!(
             "the project's file system is nearly full: {} free of {} (warning below {}); saves fail once it is full",
@@ -111,7 +111,7 @@ pub fn disk_warning(space: DiskSpace, min_free: u64) -> Option<String> {
 }
 
 /// `1.5 GiB`, `300.0 MiB`, `12 bytes`.
-pub fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if n < 1024 {
         return format!("{n} bytes");

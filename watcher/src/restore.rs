@@ -25,39 +25,65 @@ pub enum Restored {
     Commit(Oid),
 }
 
+/// Why a restore (or the fetch `sync` and the pusher share with it) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
-    #[error("{path} is not a git repository: {source}")]
-    NotARepository { path: PathBuf, source: git2::Error },
+    /// `--dir` is not the top of a working tree (exit 2).
+    #[error(transparent)]
+    NotARepository(#[from] crate::project_dir::OpenError),
+    /// The repository has no such remote.
     #[error("{path} has no remote named `{remote}` to restore from")]
-    NoSuchRemote { path: PathBuf, remote: String },
+    NoSuchRemote {
+        /// The project.
+        path: PathBuf,
+        /// The remote's name.
+        remote: String,
+    },
+    /// `repo.lock` could not be taken.
     #[error(transparent)]
     Lock(#[from] LockError),
-    #[error("cannot fetch branch `{branch}` from remote `{remote}`: {source}")]
+    /// The fetch failed.
+    #[error("cannot fetch branch `{branch}` from remote `{remote}`: {}", .source.message())]
     Fetch {
+        /// The remote's name.
         remote: String,
+        /// The branch.
         branch: String,
+        /// What libgit2 said (credentials scrubbed).
         source: git2::Error,
     },
-    #[error("cannot check out {commit} into {path}: {source}")]
+    /// The tree could not be checked out.
+    #[error("cannot check out {commit} into {}: {}", .path.display(), .source.message())]
     Checkout {
+        /// The project.
         path: PathBuf,
+        /// The commit.
         commit: Oid,
+        /// What libgit2 said.
         source: git2::Error,
     },
-    #[error("cannot remove untracked files from {path}: {source}")]
-    Clean { path: PathBuf, source: git2::Error },
+    /// Untracked files could not be removed.
+    #[error("cannot remove untracked files from {}: {}", .path.display(), .source.message())]
+    Clean {
+        /// The project.
+        path: PathBuf,
+        /// What libgit2 said.
+        source: git2::Error,
+    },
+    /// `.git/info/exclude` could not be written.
     #[error("cannot add `.env` to {path}: {source}")]
-    Exclude { path: PathBuf, source: io::Error },
+    Exclude {
+        /// The exclude file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
 }
 
 impl RestoreError {
     /// Errors a retry cannot fix: the command line or the repository setup is wrong.
     pub fn is_configuration(&self) -> bool {
-        matches!(
-            self,
-            Self::NotARepository { .. } | Self::NoSuchRemote { .. }
-        )
+        matches!(self, Self::NotARepository(_) | Self::NoSuchRemote { .. })
     }
 }
 
@@ -76,10 +102,7 @@ pub fn restore(settings: &RemoteSettings) -> Result<Restored, RestoreError> {
 }
 
 pub(crate) fn open(workdir: &Path) -> Result<Repository, RestoreError> {
-    Repository::open(workdir).map_err(|source| RestoreError::NotARepository {
-        path: workdir.to_owned(),
-        source,
-    })
+    crate::project_dir::open(workdir).map_err(RestoreError::from)
 }
 
 /// Fetches `branch` into `refs/remotes/<remote>/<branch>` and returns the remote's tip, or
@@ -104,7 +127,7 @@ pub(crate) fn fetch_branch(
         }
     })?;
     let remote_ref = format!("refs/heads/{}", settings.branch);
-    let tracking_ref = format!("refs/remotes/{}/{}", settings.remote, settings.branch);
+    let tracking_ref = crate::layout::tracking_ref(&settings.remote, &settings.branch);
     let mut options = FetchOptions::new();
     options.download_tags(AutotagOption::None);
     crate::transport::init(crate::transport::DEFAULT_NETWORK_TIMEOUT);
@@ -200,32 +223,39 @@ fn remove_untracked_files(repo: &Repository, workdir: &Path) -> Result<(), git2:
 
 /// Adds the env file rules ([`ENV_EXCLUDES`]) to `.git/info/exclude` unless they are there:
 /// those files hold secrets and are never committed, whatever `.gitignore` says.
-pub fn exclude_env_files(git_dir: &Path) -> Result<(), RestoreError> {
-    let path = git_dir.join("info").join("exclude");
+/// The file is git's, in any bytes (a line that is not UTF-8 is not an env rule, and stays).
+pub(crate) fn exclude_env_files(git_dir: &Path) -> Result<(), RestoreError> {
+    let path = crate::layout::info_exclude(git_dir);
     let exclude_err = |source| RestoreError::Exclude {
         path: path.clone(),
         source,
     };
-    let current = match fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+    let current = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(exclude_err(e)),
     };
     let missing: Vec<&str> = ENV_EXCLUDES
         .iter()
         .copied()
-        .filter(|line| !current.lines().any(|l| l.trim() == *line))
+        .filter(|line| {
+            !current
+                .split(|&b| b == b'\n')
+                .any(|l| l.trim_ascii() == line.as_bytes())
+        })
         .collect();
     if missing.is_empty() {
         return Ok(());
     }
-    fs::create_dir_all(git_dir.join("info")).map_err(exclude_err)?;
+    if let Some(info) = path.parent() {
+        fs::create_dir_all(info).map_err(exclude_err)?;
+    }
     let mut file = fs::OpenOptions::new()
         .append(true)
         .create(true)
         .open(&path)
         .map_err(exclude_err)?;
-    let separator = if current.is_empty() || current.ends_with('\n') {
+    let separator = if current.is_empty() || current.ends_with(b"\n") {
         ""
     } else {
         "\n"
@@ -409,7 +439,7 @@ mod tests {
     fn missing_remote_and_missing_repository_are_configuration_errors() {
         let tmp = tempfile::tempdir().unwrap();
         let err = restore(&settings(tmp.path())).unwrap_err();
-        assert!(matches!(err, RestoreError::NotARepository { .. }), "{err}");
+        assert!(matches!(err, RestoreError::NotARepository(_)), "{err}");
         assert!(err.is_configuration());
 
         init_repo(tmp.path());

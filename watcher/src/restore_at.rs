@@ -14,9 +14,10 @@ use std::time::SystemTime;
 
 use git2::build::CheckoutBuilder;
 use git2::{Index, IndexAddOption, Oid, Repository, Signature};
+use shmastra_contract::save_message::{RESTORED_FROM, SaveKind};
 
 use crate::at::{self, RevError};
-use crate::commit::{self, Kind};
+use crate::commit;
 use crate::history::normalise_path;
 use crate::lock::{InstanceLock, LockError, RepoLock};
 use crate::restore::{RestoreError, exclude_env_files};
@@ -47,29 +48,50 @@ pub struct RestoredAt {
     pub watcher_running: bool,
 }
 
+/// Why `restore --at` did nothing ([`RestoreAtError::is_usage`]: the input was refused).
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreAtError {
-    #[error("{path} is not a git repository: {source}")]
-    NotARepository { path: PathBuf, source: git2::Error },
+    /// `--dir` is not the top of a working tree (exit 2).
+    #[error(transparent)]
+    NotARepository(#[from] crate::project_dir::OpenError),
+    /// The save asked for does not resolve.
     #[error(transparent)]
     Rev(#[from] RevError),
+    /// A `--path` that neither the save nor the project holds.
     #[error("`{path}` is neither in the save {rev} nor in the project now")]
-    UnknownPath { path: String, rev: String },
+    UnknownPath {
+        /// The path given.
+        path: String,
+        /// The save given.
+        rev: String,
+    },
+    /// A `--path` outside the project.
     #[error("`{path}` is not a path inside the project (give it relative to the project's top)")]
-    BadPath { path: String },
+    BadPath {
+        /// The path given.
+        path: String,
+    },
+    /// `repo.lock` could not be taken.
     #[error(transparent)]
     Lock(#[from] LockError),
+    /// `.git/info/exclude` could not be written.
     #[error(transparent)]
     Exclude(#[from] RestoreError),
-    #[error("restore failed in {dir}: {source}")]
-    Git { dir: PathBuf, source: git2::Error },
+    /// git failed.
+    #[error("restore failed in {}: {}", .dir.display(), .source.message())]
+    Git {
+        /// The project.
+        dir: PathBuf,
+        /// What libgit2 said.
+        source: git2::Error,
+    },
 }
 
 impl RestoreAtError {
     /// The user's input is wrong (exit 2); nothing was changed.
     pub fn is_usage(&self) -> bool {
         match self {
-            Self::NotARepository { .. } | Self::UnknownPath { .. } | Self::BadPath { .. } => true,
+            Self::NotARepository(_) | Self::UnknownPath { .. } | Self::BadPath { .. } => true,
             Self::Rev(e) => e.is_usage(),
             Self::Lock(_) | Self::Exclude(_) | Self::Git { .. } => false,
         }
@@ -86,10 +108,7 @@ pub fn restore_at(
     max_file_size: u64,
     now: SystemTime,
 ) -> Result<RestoredAt, RestoreAtError> {
-    let repo = Repository::open(workdir).map_err(|source| RestoreAtError::NotARepository {
-        path: workdir.to_owned(),
-        source,
-    })?;
+    let repo = crate::project_dir::open(workdir).map_err(RestoreAtError::from)?;
     let git = |source| RestoreAtError::Git {
         dir: workdir.to_owned(),
         source,
@@ -161,9 +180,9 @@ pub fn restore_at(
     let subject = format!("restore: {what} as at {} ({from_time})", short(from));
     let message = commit::message_with(
         &subject,
-        Kind::Restore,
+        SaveKind::Restore,
         &files,
-        &[("Restored-from", from.to_string())],
+        &[(RESTORED_FROM, from.to_string())],
     );
     let signature = signature(&repo).map_err(git)?;
     let commit = repo

@@ -6,8 +6,10 @@
 
 use std::time::Duration;
 
-/// Why a push failed, sorted by what the pusher does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a push failed, sorted by what the pusher does next. In the status file as
+/// `last_push_failure` (`"missing_objects"`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FailureKind {
     /// No connection, a reset, a timeout: retry soon.
     Network,
@@ -22,6 +24,11 @@ pub enum FailureKind {
     /// The remote branch holds commits we do not have: never retried as is; the commits go to
     /// a recovery branch instead.
     NonFastForward,
+    /// The server refused the pack for missing objects (`ng <ref> missing necessary objects`,
+    /// any `unpack` failure; for a remote on this machine, the connectivity check): the next
+    /// attempt sends a larger pack at once, the full pack `git push` would send, then every
+    /// object of the branch.
+    MissingObjects,
     /// The local setup is wrong (no such remote, unreadable repository): retry slowly, the
     /// next commit may find it fixed.
     Local,
@@ -53,11 +60,36 @@ pub const AUTH: Series = Series {
 };
 
 impl FailureKind {
-    pub fn series(self) -> Series {
+    /// The backoff series a failure of this kind waits on.
+    pub(crate) fn series(self) -> Series {
         match self {
-            Self::Network | Self::Server | Self::NonFastForward => TRANSIENT,
+            Self::Network | Self::Server | Self::NonFastForward | Self::MissingObjects => TRANSIENT,
             Self::Rejected | Self::Local => SLOW,
             Self::Auth => AUTH,
+        }
+    }
+}
+
+impl FailureKind {
+    /// A few words for the status: what is wrong.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Network => "the remote cannot be reached",
+            Self::Server => "the remote had a server error",
+            Self::Auth => "the remote refused the credentials",
+            Self::Rejected => "the remote refused the push",
+            Self::NonFastForward => "the remote branch has commits this one lacks",
+            Self::MissingObjects => "the remote refused the push: missing objects",
+            Self::Local => "the local repository or its settings are not usable",
+        }
+    }
+
+    /// What an HTTP status other than 200 means for the pusher.
+    pub fn of_http_status(status: u16) -> Self {
+        match status {
+            401 | 403 | 407 => Self::Auth,
+            500..=599 => Self::Server,
+            _ => Self::Rejected,
         }
     }
 }
@@ -105,7 +137,8 @@ pub fn random_jitter() -> f64 {
     (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The HTTP status in a libgit2 error message (`unexpected http status code: 503`).
+/// The HTTP status in a libgit2 error message (`unexpected http status code: 503`): libgit2
+/// keeps only the text of a transport's error, so the fetch's failures are read here.
 pub fn http_status_in(message: &str) -> Option<u16> {
     let rest = message
         .to_ascii_lowercase()
@@ -115,9 +148,9 @@ pub fn http_status_in(message: &str) -> Option<u16> {
     rest.get(..3)?.parse().ok()
 }
 
-/// What kind of failure a libgit2 fetch or push error is. The watcher's HTTP transport words
-/// an HTTP failure as libgit2's own does (`unexpected http status code: 401`), so the status
-/// decides; a refused or missing token is a 401.
+/// What kind of failure a libgit2 fetch error is. The watcher's HTTP transport words an HTTP
+/// failure as libgit2's own does (`unexpected http status code: 401`), so the status decides;
+/// a refused or missing token is a 401.
 pub fn classify_git_error(
     code: git2::ErrorCode,
     class: git2::ErrorClass,
@@ -129,11 +162,8 @@ pub fn classify_git_error(
     if code == git2::ErrorCode::NotFastForward {
         return FailureKind::NonFastForward;
     }
-    match http_status_in(message) {
-        Some(401 | 403 | 407) => return FailureKind::Auth,
-        Some(500..=599) => return FailureKind::Server,
-        Some(_) => return FailureKind::Rejected,
-        None => {}
+    if let Some(status) = http_status_in(message) {
+        return FailureKind::of_http_status(status);
     }
     match class {
         git2::ErrorClass::Net
@@ -150,12 +180,14 @@ pub fn classify_git_error(
     }
 }
 
-/// What kind of failure a ref update the server refused (`push_update_reference` with a
-/// message) is.
+/// What kind of failure a ref update the server refused is, from the reason of its
+/// `ng <ref> <reason>` (receive-pack's words: `missing necessary objects`, `non-fast-forward`).
 pub fn classify_ref_rejection(message: &str) -> FailureKind {
     let m = message.to_ascii_lowercase();
     if m.contains("non-fast-forward") || m.contains("fetch first") || m.contains("stale info") {
         FailureKind::NonFastForward
+    } else if m.contains("missing necessary objects") || m.contains("unpacker error") {
+        FailureKind::MissingObjects
     } else {
         FailureKind::Rejected
     }
@@ -330,6 +362,8 @@ mod tests {
             ("non-fast-forward", NonFastForward),
             ("fetch first", NonFastForward),
             ("stale info", NonFastForward),
+            ("missing necessary objects", MissingObjects),
+            ("unpacker error", MissingObjects),
         ] {
             assert_eq!(classify_ref_rejection(message), expected, "{message}");
         }

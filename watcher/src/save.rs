@@ -2,11 +2,13 @@
 //! and the index file written when the daemon says the watcher is quiet. It runs on a thread
 //! of its own (libgit2's index cannot move between threads) and takes jobs through a channel.
 //!
-//! What is on disk when: a save writes the new blobs, the trees on the changed paths and the
-//! commit into the object store, then moves the branch; only then is the save reported. The
-//! index file is written later ([`SaveWorker::write_index`]), so a kill in between leaves an
-//! index older than `HEAD`, which the next start reads and corrects (its full pass re-hashes
-//! every file whose stat data the old index does not match).
+//! What is on disk when: a save writes the new blobs and the trees on the changed paths into
+//! the object store; when the tree differs from `HEAD`'s, the index file, then the commit,
+//! then the branch moves; only then is the save reported. So when `HEAD` moves, the index
+//! already names what it does (a user's `git add; git commit` right after keeps the save).
+//! A save that changed only entries' stat data leaves the file to the quiet write
+//! ([`SaveWorker::write_index`]). A kill before the branch moves leaves an index ahead of
+//! `HEAD`, which the next start reads: its pass commits the same tree.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -20,12 +22,14 @@ use tokio::sync::{oneshot, watch};
 use crate::changes::Changes;
 use crate::commit::{self, Committed};
 use crate::filter::{Filter, TrackedIgnored};
+use crate::layout;
 use crate::lock::{self, LockError, RepoLock};
 use crate::manifest;
 use crate::retry::{self, Backoff};
 use crate::scan::{self, Dirs};
-use crate::stage::{StageError, Stager};
+use crate::stage::{OwnIndex, StageError, Stager};
 use crate::status::SkippedFile;
+use crate::user_git::{self, GitProcess, Pause, RepoPlaces};
 use crate::watch::TreeWatcher;
 
 #[derive(Debug, thiserror::Error)]
@@ -39,38 +43,44 @@ pub enum SaveError {
     Lock(#[from] LockError),
     #[error(transparent)]
     Stage(#[from] StageError),
-    #[error("git failed in {dir}: {source}")]
+    #[error("git failed in {}: {}", .dir.display(), .source.message())]
     Git { dir: PathBuf, source: git2::Error },
     #[error("cannot write {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error("the save thread cannot run: {0}")]
     Thread(io::Error),
-    /// A git command holds the index (a `git commit` with its editor open): the save waits
-    /// for it as git would, and is tried again.
-    #[error(
-        "the git index is locked by another git command ({path}); saving waits until it is done"
-    )]
-    IndexLocked { path: PathBuf },
 }
 
 /// What one save did.
 pub struct Saved {
+    /// The commit it made, if the tree changed.
     pub committed: Option<Committed>,
+    /// Files left out of the commits.
     pub skipped: Vec<SkippedFile>,
     /// The in-memory index holds changes the index file does not yet.
     pub index_unwritten: bool,
+    /// Why nothing was saved: the user's git is in the middle of something.
+    pub paused: Option<Pause>,
+}
+
+/// What a save did to the repository.
+enum Done {
+    Committed(Option<Committed>),
+    Paused(Pause),
 }
 
 /// Whether the repository is being deleted under us: a part git needs to call it one (`HEAD`,
 /// `objects/`, `refs/`) or the watcher's own folder (made at start, never removed by the
 /// watcher, `restore` or `sync`) has gone. Writing anything then would recreate folders inside
 /// a tree `rm -rf` is deleting, and make it fail.
+/// In a linked worktree, `git_dir` holds `HEAD` and the rest is in the common directory.
 pub fn repository_gone(git_dir: &Path) -> bool {
+    let common = layout::common_dir(git_dir);
     !git_dir.join("HEAD").exists()
-        || !git_dir.join("config").exists()
-        || !git_dir.join("objects").is_dir()
-        || !git_dir.join("refs").is_dir()
-        || !lock::state_dir(git_dir).is_dir()
+        || !common.join("config").exists()
+        || !common.join("objects").is_dir()
+        || !common.join("refs").is_dir()
+        || !layout::state_dir(git_dir).is_dir()
 }
 
 /// The blocking half: stage and commit under the repo lock. It owns the `Repository` and the
@@ -80,6 +90,8 @@ struct Saver {
     stager: Stager,
     git_dir: PathBuf,
     workdir: PathBuf,
+    /// Where the user's git commands run, to find them in `/proc`.
+    places: RepoPlaces,
 }
 
 /// The watch stage and the first save's result, back from the start-up pass.
@@ -98,7 +110,7 @@ impl Saver {
         &mut self,
         changes: &Changes,
         walker: Option<&mut dyn Dirs>,
-    ) -> Result<Option<Committed>, SaveError> {
+    ) -> Result<Done, SaveError> {
         self.guarded(|saver| saver.save_in_repository(changes, walker))
     }
 
@@ -118,14 +130,19 @@ impl Saver {
         }
         walker.finish();
         self.stager.set_rules(watcher.rules().filter);
-        result.map(|committed| self.saved(committed))
+        result.map(|done| self.saved(done))
     }
 
-    fn saved(&self, committed: Option<Committed>) -> Saved {
+    fn saved(&self, done: Done) -> Saved {
+        let (committed, paused) = match done {
+            Done::Committed(committed) => (committed, None),
+            Done::Paused(pause) => (None, Some(pause)),
+        };
         Saved {
             committed,
             skipped: self.skipped(),
             index_unwritten: self.stager.has_unwritten(),
+            paused,
         }
     }
 
@@ -136,8 +153,16 @@ impl Saver {
         }
         self.guarded(|saver| {
             let _lock = RepoLock::acquire(&saver.git_dir)?;
+            let gits = saver.git_processes();
+            if saver.pause(&gits).is_some() {
+                // The user's git owns the index now; the next save reads theirs.
+                return Ok(false);
+            }
             let _marker = saver.marker()?;
-            let wrote = saver.stager.write_index(&saver.repo)?;
+            let wrote = match saver.stager.write_index(&saver.repo) {
+                Err(StageError::Unmerged { .. }) => false,
+                result => result?,
+            };
             saver.mark_unwritten();
             Ok(wrote)
         })
@@ -165,7 +190,7 @@ impl Saver {
     fn marker(&self) -> Result<lock::WorkMarker, SaveError> {
         lock::WorkMarker::begin(&self.git_dir, lock::WorkMarker::SAVING).map_err(|source| {
             SaveError::Io {
-                path: lock::state_dir(&self.git_dir),
+                path: layout::state_dir(&self.git_dir),
                 source,
             }
         })
@@ -175,12 +200,12 @@ impl Saver {
         &mut self,
         changes: &Changes,
         walker: Option<&mut dyn Dirs>,
-    ) -> Result<Option<Committed>, SaveError> {
+    ) -> Result<Done, SaveError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
-        self.remove_stale_locks();
-        let index_lock = self.git_dir.join("index.lock");
-        if index_lock.exists() {
-            return Err(SaveError::IndexLocked { path: index_lock });
+        let gits = self.git_processes();
+        self.remove_stale_locks(&gits);
+        if let Some(pause) = self.pause(&gits) {
+            return Ok(Done::Paused(pause));
         }
         let _marker = self.marker()?;
         let mut changes = changes.clone();
@@ -193,18 +218,60 @@ impl Saver {
                 Err(e) => tracing::warn!("cannot update {MANIFEST_FILE}: {e}"),
             }
         }
-        let staged = self.stager.stage(&self.repo, &changes, walker);
-        self.mark_unwritten();
-        commit::commit_tree(&self.repo, staged?).map_err(|source| SaveError::Git {
+        let git = |source| SaveError::Git {
             dir: self.workdir.clone(),
             source,
-        })
+        };
+        let tree = match self.stager.stage(&self.repo, &changes, walker) {
+            Ok(tree) => tree,
+            Err(StageError::Unmerged { .. }) => return Ok(Done::Paused(Pause::Unmerged)),
+            Err(e) => {
+                self.mark_unwritten();
+                return Err(e.into());
+            }
+        };
+        // When HEAD moves, the index file holds what it names: a user's `git add; git commit`
+        // right after never reverts the save.
+        if commit::head_tree(&self.repo).map_err(git)? != Some(tree) {
+            self.stager.write_index(&self.repo)?;
+        }
+        self.mark_unwritten();
+        commit::commit_tree(&self.repo, tree)
+            .map(Done::Committed)
+            .map_err(git)
     }
 
-    /// Keeps [`lock::INDEX_UNWRITTEN`] true (under `repo.lock`), so `sync`, `restore` and
+    /// The git processes running in this repository.
+    fn git_processes(&self) -> Vec<GitProcess> {
+        let config = self.repo.config().ok();
+        self.places.git_processes(config.as_ref())
+    }
+
+    /// Why the user's git must not be saved into now (call it with `repo.lock` held, after
+    /// the stale locks went): an operation half done, a detached `HEAD`, a git lock file, a
+    /// git command that may move `HEAD`.
+    fn pause(&self, gits: &[GitProcess]) -> Option<Pause> {
+        if let Some(op) = user_git::operation_in_progress(&self.git_dir) {
+            return Some(Pause::Operation(op));
+        }
+        if self.repo.head_detached().unwrap_or(false) {
+            return Some(Pause::Detached);
+        }
+        if let Some(lock) = self.git_locks().into_iter().find(|p| p.exists()) {
+            return Some(Pause::Locked(lock));
+        }
+        gits.iter()
+            .find(|g| g.moves_head())
+            .map(|g| Pause::Command {
+                pid: g.pid,
+                subcommand: g.subcommand.clone(),
+            })
+    }
+
+    /// Keeps [`layout::INDEX_UNWRITTEN`] true (under `repo.lock`), so `sync`, `restore` and
     /// `restore --at` wait for the index write rather than read an older index.
     fn mark_unwritten(&self) {
-        let marker = lock::state_dir(&self.git_dir).join(lock::INDEX_UNWRITTEN);
+        let marker = layout::state_file(&self.git_dir, layout::INDEX_UNWRITTEN);
         let result = if self.stager.has_unwritten() {
             match std::fs::symlink_metadata(&marker) {
                 Ok(_) => Ok(()),
@@ -221,21 +288,35 @@ impl Saver {
         }
     }
 
-    /// Git lock files a save needs (`index.lock`, `HEAD`'s and its branch's) that no process
-    /// holds: removed once 60 s old, or at once when a watcher died inside a save.
-    fn remove_stale_locks(&self) {
+    /// The git lock files a save needs free: `index.lock`, `HEAD`'s and its branch's (in the
+    /// common directory, for a linked worktree).
+    fn git_locks(&self) -> Vec<PathBuf> {
         let branch = self
             .repo
             .find_reference("HEAD")
             .ok()
             .and_then(|head| head.symbolic_target().ok().flatten().map(str::to_owned));
-        let paths = ["index", "HEAD"]
-            .into_iter()
-            .map(str::to_owned)
-            .chain(branch)
-            .map(|name| self.git_dir.join(format!("{name}.lock")));
+        let mut locks = vec![
+            self.git_dir.join("index.lock"),
+            self.git_dir.join("HEAD.lock"),
+        ];
+        locks.extend(branch.map(|b| self.repo.commondir().join(format!("{b}.lock"))));
+        locks
+    }
+
+    /// Git lock files no process holds and no git command in the repository may hold (one that
+    /// only reads, or works on another index, cannot): removed
+    /// once 60 s old, or at once when a watcher died inside a save.
+    fn remove_stale_locks(&self, gits: &[GitProcess]) {
+        if let Some(git) = gits.iter().find(|g| g.may_hold_locks()) {
+            tracing::debug!(
+                pid = git.pid,
+                "a git command runs here: its lock files stay"
+            );
+            return;
+        }
         let died = lock::WorkMarker::left_behind(&self.git_dir, lock::WorkMarker::SAVING);
-        lock::clear_stale_locks(paths, died);
+        lock::clear_stale_locks(self.git_locks(), died);
     }
 
     fn skipped(&self) -> Vec<SkippedFile> {
@@ -258,9 +339,7 @@ impl Saver {
                     let _ = reply.send((watcher, result));
                 }
                 Job::Save(changes, reply) => {
-                    let result = self
-                        .save(&changes, None)
-                        .map(|committed| self.saved(committed));
+                    let result = self.save(&changes, None).map(|done| self.saved(done));
                     let _ = reply.send(result);
                 }
                 Job::WriteIndex(reply) => {
@@ -279,13 +358,15 @@ pub struct SaveWorker {
 impl SaveWorker {
     /// Starts the save thread on the repository at `workdir`, with the rules batches that
     /// carry none are judged by until one does; the tracked paths the rules ignore go to
-    /// `tracked_ignored`.
+    /// `tracked_ignored`; the stamp of the index file as the watcher last read or wrote it is
+    /// kept in `own_index`.
     pub fn spawn(
         workdir: &Path,
         git_dir: &Path,
         rules: Arc<Filter>,
         tracked_ignored: watch::Sender<Arc<TrackedIgnored>>,
         max_file_size: u64,
+        own_index: OwnIndex,
     ) -> Result<Self, SaveError> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -299,9 +380,16 @@ impl SaveWorker {
                         source,
                     })
                     .and_then(|repo| {
-                        let stager =
-                            Stager::new(&repo, &workdir, rules, tracked_ignored, max_file_size)?;
+                        let stager = Stager::new(
+                            &repo,
+                            &workdir,
+                            rules,
+                            tracked_ignored,
+                            max_file_size,
+                            own_index,
+                        )?;
                         Ok(Saver {
+                            places: RepoPlaces::of(&repo),
                             repo,
                             stager,
                             git_dir,

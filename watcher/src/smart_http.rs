@@ -9,9 +9,12 @@
 //! server fails the attempt and the pusher retries. A redirect is followed only by the first
 //! GET and only within the configured origin; anything else is refused with a clear error.
 //!
-//! Failures reach libgit2 as `io::Error`s whose text is what [`crate::retry`] classifies:
-//! `unexpected http status code: NNN` (as libgit2's own transport words it), `timed out`, or
-//! the connection's error. No message contains the credentials.
+//! A non-200 answer is an `io::Error` holding an [`HttpStatus`]: the status and which
+//! credentials the request carried, as values the push's own client reads back
+//! ([`HttpStatus::of`]). libgit2 (the fetch) keeps only an error's text, so its text is worded
+//! as libgit2's own transport words it (`unexpected http status code: NNN`), which
+//! [`crate::retry::http_status_in`] reads at that boundary. A timeout is
+//! `io::ErrorKind::TimedOut`. No message contains the credentials.
 
 use std::io::{self, Read, Write};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
@@ -40,10 +43,46 @@ pub(crate) struct Credentials {
 
 /// Which credentials a request carried, for the words of a 401.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sent {
+pub(crate) enum Sent {
     Nothing,
     UrlCredentials,
     Token,
+}
+
+impl Sent {
+    /// What an operation on `url` (the configured remote URL) sends with `token`.
+    pub(crate) fn for_remote(url: &str, token: Option<&str>) -> Self {
+        Url::parse(url)
+            .ok()
+            .and_then(|url| Credentials::for_url(&url, token))
+            .map_or(Self::Nothing, |c| c.source)
+    }
+}
+
+/// A request the server answered with a status other than 200, and what it had sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected http status code: {status}{}", self.detail())]
+pub(crate) struct HttpStatus {
+    pub status: u16,
+    pub sent: Sent,
+}
+
+impl HttpStatus {
+    /// The status inside an error of this module, if it is one.
+    pub(crate) fn of(error: &io::Error) -> Option<Self> {
+        error.get_ref()?.downcast_ref::<Self>().copied()
+    }
+
+    fn detail(&self) -> &'static str {
+        match (self.status, self.sent) {
+            (401, Sent::Token) => " (PROJECT_TOKEN was refused)",
+            (401, Sent::UrlCredentials) => " (the credentials in the remote's URL were refused)",
+            (401, Sent::Nothing) => {
+                " (the server asks for credentials and PROJECT_TOKEN is not set)"
+            }
+            _ => "",
+        }
+    }
 }
 
 impl std::fmt::Debug for Credentials {
@@ -101,9 +140,9 @@ pub(crate) struct ClientSettings {
     pub timeout: Duration,
 }
 
-/// One libgit2 operation's connection to a remote (a push, a fetch): its agent (connections
-/// are reused between its requests and closed with it), credentials and, after a redirect,
-/// the repository's new URL.
+/// One libgit2 operation's way to a remote (a push, a fetch): its agent (every request on a
+/// connection of its own, see [`SmartHttp::new`]), credentials and, after a redirect, the
+/// repository's new URL.
 pub(crate) struct SmartHttp {
     agent: ureq::Agent,
     token: Option<String>,
@@ -514,16 +553,9 @@ fn is_timeout(error: &io::Error) -> bool {
     )
 }
 
-/// A non-200 answer, worded as libgit2's own transport words it so that
-/// [`crate::retry::http_status_in`] reads the code.
+/// A non-200 answer: an [`HttpStatus`] inside an `io::Error`.
 fn status_error(status: u16, sent: Sent) -> io::Error {
-    let detail = match (status, sent) {
-        (401, Sent::Token) => " (PROJECT_TOKEN was refused)",
-        (401, Sent::UrlCredentials) => " (the credentials in the remote's URL were refused)",
-        (401, Sent::Nothing) => " (the server asks for credentials and PROJECT_TOKEN is not set)",
-        _ => "",
-    };
-    io::Error::other(format!("unexpected http status code: {status}{detail}"))
+    io::Error::other(HttpStatus { status, sent })
 }
 
 fn refused(message: String) -> io::Error {
@@ -650,7 +682,7 @@ mod tests {
     }
 
     #[test]
-    fn status_errors_carry_the_code_retry_reads() {
+    fn status_errors_carry_the_status_and_what_was_sent_as_values() {
         for (status, sent, kind) in [
             (401, Sent::Token, crate::retry::FailureKind::Auth),
             (401, Sent::UrlCredentials, crate::retry::FailureKind::Auth),
@@ -659,7 +691,11 @@ mod tests {
             (500, Sent::Nothing, crate::retry::FailureKind::Server),
             (404, Sent::Nothing, crate::retry::FailureKind::Rejected),
         ] {
-            let message = status_error(status, sent).to_string();
+            let error = status_error(status, sent);
+            assert_eq!(HttpStatus::of(&error), Some(HttpStatus { status, sent }));
+            assert_eq!(crate::retry::FailureKind::of_http_status(status), kind);
+            // What libgit2 keeps of it (the fetch): the text, which the fetch boundary reads.
+            let message = error.to_string();
             assert_eq!(crate::retry::http_status_in(&message), Some(status));
             assert_eq!(
                 crate::retry::classify_git_error(
@@ -671,6 +707,18 @@ mod tests {
                 "{message}"
             );
         }
+        assert_eq!(HttpStatus::of(&io::Error::other("timed out")), None);
+    }
+
+    #[test]
+    fn what_a_remote_sends_comes_from_its_url_and_the_token() {
+        assert_eq!(Sent::for_remote("https://h/r.git", None), Sent::Nothing);
+        assert_eq!(Sent::for_remote("https://h/r.git", Some("t")), Sent::Token);
+        assert_eq!(
+            Sent::for_remote("https://u:pw@h/r.git", None),
+            Sent::UrlCredentials
+        );
+        assert_eq!(Sent::for_remote("/srv/r.git", Some("t")), Sent::Nothing);
     }
 
     #[test]

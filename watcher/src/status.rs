@@ -9,23 +9,38 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::lock::state_dir;
+use crate::layout::{self, STATUS, STATUS_RESERVE, state_dir, state_file};
 use crate::resources::{self, human_bytes};
+/// The kind of a push failure, as `last_push_failure` holds it.
+pub use crate::retry::FailureKind;
 
 /// The version every status file and commit trailer carries.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// What the watcher is doing, as the status file's `state` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
+    /// Everything is saved (and pushed, when there is a remote).
     #[default]
     Idle,
+    /// Changes are waiting for the debounce.
     Pending,
+    /// A save is running.
     Committing,
+    /// A push is running.
     Pushing,
+    /// A push failed; the next attempt waits (`last_push_error` says why).
     Backoff,
+    /// The remote branch moved on; the saves go to `recovery_ref`.
     Diverged,
+    /// A save failed; it is tried again (`last_error` says why).
     Error,
+    /// Nothing is saved while the user's git is in the middle of something
+    /// (`paused_reason` says what); saving resumes by itself when it is done.
+    Paused,
+    /// No watcher is running: only `status` says it, of the file a stopped one left.
+    Stopped,
 }
 
 impl fmt::Display for State {
@@ -41,20 +56,43 @@ impl fmt::Display for State {
 /// A file left out of the commits, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkippedFile {
+    /// Relative to the project's top.
     pub path: String,
+    /// In bytes.
     pub size: u64,
+    /// Why it is left out.
     pub reason: String,
 }
 
 /// The whole status file. Timestamps are RFC 3339 UTC strings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
+    /// Whether a watcher is running on the project (`false` only in what `status` prints).
+    #[serde(default = "yes")]
+    pub running: bool,
+    /// What the watcher is doing.
     pub state: State,
+    /// The commit `HEAD` names, as the watcher last saw it.
     pub head: Option<String>,
+    /// The branch `HEAD` is on (`None`: detached); its saves go to the remote branch of the
+    /// same name.
+    #[serde(default)]
+    pub branch: Option<String>,
+    /// While `state` is `paused`: why (`merge in progress`, `HEAD is detached ...`).
+    #[serde(default)]
+    pub paused_reason: Option<String>,
+    /// When the watcher last made a commit.
     pub last_commit_at: Option<String>,
+    /// When a push last succeeded.
     pub last_push_at: Option<String>,
+    /// Why the last push failed, until one succeeds.
     pub last_push_error: Option<String>,
+    /// What kind of failure `last_push_error` is (`"missing_objects"`, `"network"`, ...).
+    #[serde(default)]
+    pub last_push_failure: Option<FailureKind>,
+    /// Commits on `HEAD` the remote branch lacks.
     pub unpushed_commits: u64,
+    /// Files left out of the commits.
     pub skipped_files: Vec<SkippedFile>,
     /// The branch the watcher pushed its commits to after a non-fast-forward rejection.
     #[serde(default)]
@@ -62,7 +100,9 @@ pub struct Status {
     /// The latest problem that is not about pushing (watch limit, disk full, ...).
     #[serde(default)]
     pub last_error: Option<String>,
+    /// The watcher's process id.
     pub pid: u32,
+    /// The watcher's version.
     pub version: String,
     /// The watcher's resident memory, in bytes (`VmRSS`).
     #[serde(default)]
@@ -73,6 +113,7 @@ pub struct Status {
     /// Free space on the project's file system, in bytes (what an unprivileged writer can use).
     #[serde(default)]
     pub disk_free_bytes: Option<u64>,
+    /// The size of the project's file system, in bytes.
     #[serde(default)]
     pub disk_total_bytes: Option<u64>,
     /// Set while the free space is below the threshold ([`crate::resources::min_free`]),
@@ -84,11 +125,15 @@ pub struct Status {
 impl Default for Status {
     fn default() -> Self {
         Self {
+            running: true,
             state: State::Idle,
             head: None,
+            branch: None,
+            paused_reason: None,
             last_commit_at: None,
             last_push_at: None,
             last_push_error: None,
+            last_push_failure: None,
             unpushed_commits: 0,
             skipped_files: Vec::new(),
             recovery_ref: None,
@@ -120,27 +165,43 @@ impl Status {
     }
 }
 
+fn yes() -> bool {
+    true
+}
+
+/// Why the status file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
+    /// There is none (the path it was looked for at).
     #[error("no status file at {0}: is a project-watcher running on this repository?")]
     Missing(PathBuf),
+    /// It could not be read.
     #[error("cannot read status file {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The status file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// It is not a status file.
     #[error(
         "status file {path} is corrupt ({source}); the running watcher rewrites it on its next change"
     )]
     Corrupt {
+        /// The status file.
         path: PathBuf,
+        /// What serde said.
         source: serde_json::Error,
     },
 }
 
+/// `.git/project-watcher/status.json` of the repository at `git_dir`.
 pub fn status_path(git_dir: &Path) -> PathBuf {
-    state_dir(git_dir).join("status.json")
+    state_file(git_dir, STATUS)
 }
 
 /// Formats a time as RFC 3339 UTC with seconds, the form every timestamp here uses.
-pub fn timestamp(t: SystemTime) -> String {
+pub(crate) fn timestamp(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
@@ -151,11 +212,10 @@ const RESERVE_BYTES: usize = 64 * 1024;
 /// Writes the status file through a temp file and a rename. On a full disk it spends the
 /// reserve to get the news out, and puts the reserve back once there is room again.
 pub fn write(git_dir: &Path, status: &Status) -> io::Result<()> {
-    let dir = state_dir(git_dir);
-    crate::lock::create_state_dir(&dir)?;
+    layout::create_state_dir(git_dir)?;
     let mut body = serde_json::to_vec_pretty(status).map_err(io::Error::other)?;
     body.push(b'\n');
-    let reserve = dir.join("status.reserve");
+    let reserve = state_file(git_dir, STATUS_RESERVE);
     match replace(git_dir, &body) {
         Err(e) if e.kind() == io::ErrorKind::StorageFull && fs::remove_file(&reserve).is_ok() => {
             replace(git_dir, &body)
@@ -173,7 +233,7 @@ pub fn write(git_dir: &Path, status: &Status) -> io::Result<()> {
 }
 
 fn replace(git_dir: &Path, body: &[u8]) -> io::Result<()> {
-    let tmp = state_dir(git_dir).join(format!("status.json.tmp.{}", std::process::id()));
+    let tmp = state_dir(git_dir).join(format!("{STATUS}.tmp.{}", std::process::id()));
     let written = fs::File::create(&tmp).and_then(|mut file| {
         file.write_all(body)?;
         file.sync_data()
@@ -185,6 +245,7 @@ fn replace(git_dir: &Path, body: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The status file the watcher of `git_dir` last wrote.
 pub fn read(git_dir: &Path) -> Result<Status, StatusError> {
     let path = status_path(git_dir);
     let bytes = match fs::read(&path) {
@@ -200,6 +261,24 @@ impl Status {
     /// showing its last state and pid as if they were live.
     pub fn stopped(&self) -> Stopped<'_> {
         Stopped(self)
+    }
+
+    /// What a stopped watcher's file says now: not running, no process figures, and
+    /// `head`/`branch` as the repository has them now (a `restore` may have moved them).
+    /// `state` stays the last one the watcher wrote, for [`Status::stopped`]'s human form;
+    /// the JSON form says [`State::Stopped`].
+    pub fn as_stopped(&mut self, repo: &git2::Repository) {
+        self.running = false;
+        self.rss_bytes = None;
+        self.cpu_ms = None;
+        let head = repo.head().ok();
+        self.head = head
+            .as_ref()
+            .and_then(|h| h.target())
+            .map(|oid| oid.to_string());
+        self.branch = head
+            .filter(|h| h.is_branch())
+            .and_then(|h| h.shorthand().ok().map(str::to_owned));
     }
 }
 
@@ -232,7 +311,20 @@ impl fmt::Display for Status {
     /// The human form of `project-watcher status`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let or_never = |v: &Option<String>| v.clone().unwrap_or_else(|| "never".to_owned());
-        writeln!(f, "state:            {}", self.state)?;
+        match (self.state, &self.paused_reason, self.last_push_failure) {
+            (State::Paused, Some(reason), _) => {
+                writeln!(f, "state:            paused: {reason}")?;
+            }
+            (State::Backoff, _, Some(failure)) => {
+                writeln!(f, "state:            backoff ({})", failure.describe())?;
+            }
+            (state, _, _) => writeln!(f, "state:            {state}")?,
+        }
+        writeln!(
+            f,
+            "branch:           {}",
+            self.branch.as_deref().unwrap_or("(none: HEAD is detached)")
+        )?;
         writeln!(
             f,
             "head:             {}",
@@ -308,10 +400,45 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_for_missing_objects_is_said_in_words_in_the_json_and_the_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Status {
+            state: State::Backoff,
+            last_push_error: Some(
+                "the remote refused the push: missing objects; sending a full pack (...)".into(),
+            ),
+            last_push_failure: Some(FailureKind::MissingObjects),
+            ..Status::default()
+        };
+        write(dir.path(), &status).unwrap();
+        let raw = fs::read_to_string(status_path(dir.path())).unwrap();
+        assert!(
+            raw.contains("\"last_push_failure\": \"missing_objects\""),
+            "{raw}"
+        );
+        assert_eq!(read(dir.path()).unwrap(), status);
+        let text = status.to_string();
+        assert!(
+            text.starts_with(
+                "state:            backoff (the remote refused the push: missing objects)\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "push error:       the remote refused the push: missing objects; sending a full pack"
+        ));
+        // A status written before the field existed still reads.
+        let old = raw.replace("\"last_push_failure\": \"missing_objects\",", "");
+        assert_ne!(old, raw);
+        let old: Status = serde_json::from_str(&old).unwrap();
+        assert_eq!(old.last_push_failure, None);
+    }
+
+    #[test]
     fn corrupt_and_missing_files_are_distinct_errors() {
         let dir = tempfile::tempdir().unwrap();
         assert!(matches!(read(dir.path()), Err(StatusError::Missing(_))));
-        fs::create_dir_all(state_dir(dir.path())).unwrap();
+        layout::create_state_dir(dir.path()).unwrap();
         fs::write(status_path(dir.path()), b"{not json").unwrap();
         assert!(matches!(read(dir.path()), Err(StatusError::Corrupt { .. })));
     }

@@ -6,7 +6,6 @@
 //! remote's; reinstall dependencies if a manifest or lock file changed; start the dev server.
 //! A failed step leaves its name and output tail in the failure file for the cloud to show.
 
-use std::collections::VecDeque;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -14,16 +13,15 @@ use std::process::{Command, Stdio};
 use std::time::SystemTime;
 
 use git2::{IndexAddOption, Oid, Repository, Signature};
-use shmastra_contract::failure::{SyncFailure, TAIL_LINES};
+use shmastra_contract::failure::{OutputLines, SyncFailure};
 
+use crate::layout::{self, BACKUP_REF_PREFIX};
 use crate::lock::RepoLock;
 use crate::remote::RemoteSettings;
 use crate::restore::{self, RestoreError, exclude_env_files};
 
 /// How many backup refs are kept; older ones are deleted.
-pub const BACKUPS_KEPT: usize = 20;
-/// Where the backups live. Each ref's last component is a UTC timestamp.
-pub const BACKUP_REF_PREFIX: &str = "refs/project-watcher/backup/";
+pub(crate) const BACKUPS_KEPT: usize = 20;
 
 /// Files whose change means the installed dependencies may be stale, wherever they sit.
 const DEPENDENCY_FILES: &[&str] = &[
@@ -37,30 +35,44 @@ const DEPENDENCY_FILES: &[&str] = &[
     "bun.lockb",
 ];
 
+/// What `sync` syncs, and the commands it runs around the tree's change.
 #[derive(Debug, Clone)]
 pub struct SyncSettings {
+    /// The project and the remote branch it syncs to.
     pub restore: RemoteSettings,
+    /// Where a failed step leaves its name and output tail (removed on success).
     pub failure_file: PathBuf,
+    /// Stops the dev server before the tree changes.
     pub stop_cmd: Option<String>,
     /// Overrides the lock file's own package manager.
     pub install_cmd: Option<String>,
+    /// Starts the dev server at the end.
     pub start_cmd: Option<String>,
 }
 
 /// The steps of a sync, named as the failure file names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// Opening the repository.
     Open,
+    /// Taking `repo.lock`.
     Lock,
+    /// Fetching the remote branch.
     Fetch,
+    /// Saving what the remote lacks under a backup ref.
     Backup,
+    /// The stop command.
     Stop,
+    /// Making the tree the remote's.
     Restore,
+    /// The install command.
     Install,
+    /// The start command.
     Start,
 }
 
 impl Step {
+    /// The step's name in the failure file.
     pub fn name(self) -> &'static str {
         match self {
             Self::Open => "open",
@@ -81,13 +93,16 @@ impl std::fmt::Display for Step {
     }
 }
 
-/// A failed step: its name, what went wrong, and the tail of its output.
+/// A failed step: its name, what went wrong, and its output (the first error lines, the tail).
 #[derive(Debug, thiserror::Error)]
 #[error("sync failed at step `{step}`: {message}")]
 pub struct SyncError {
+    /// The step that failed.
     pub step: Step,
+    /// What went wrong.
     pub message: String,
-    pub output_tail: Vec<String>,
+    /// The step's output, as the failure file keeps it.
+    pub output: OutputLines,
     /// The command line or the repository setup is wrong: a retry will not help.
     pub configuration: bool,
 }
@@ -97,7 +112,7 @@ impl SyncError {
         Self {
             step,
             message: message.into(),
-            output_tail: Vec::new(),
+            output: OutputLines::default(),
             configuration: false,
         }
     }
@@ -109,9 +124,10 @@ impl SyncError {
         }
     }
 
-    /// What the failure file holds: the step, the message, the output tail.
+    /// What the failure file holds: the step, the message, the output's first error lines
+    /// and its tail.
     pub fn failure(&self) -> SyncFailure {
-        SyncFailure::new(self.step.name(), &self.message).with_tail(&self.output_tail)
+        self.output.failure(self.step.name(), &self.message)
     }
 }
 
@@ -169,11 +185,11 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
     if let Some(tip) = remote_tip {
         restore::reset_to(&repo, &restore_settings.branch, tip)
             .map_err(|e| SyncError::from_restore(Step::Restore, e))?;
-        if let Err(e) = crate::history::record_synced(repo.path(), tip) {
+        if let Err(e) = layout::record_synced(repo.path(), tip) {
             tracing::warn!("cannot record the synced commit for `history`: {e}");
         }
         let changed = dependencies_changed(&repo, snapshot.tree, tip)
-            .map_err(|e| SyncError::new(Step::Install, e.to_string()))?;
+            .map_err(|e| SyncError::new(Step::Install, e.message()))?;
         let install = settings.install_cmd.clone().or_else(|| {
             default_install_command(|name| workdir.join(name).exists()).map(Into::into)
         });
@@ -210,7 +226,7 @@ struct Snapshot {
 }
 
 fn snapshot_worktree(repo: &Repository) -> Result<Snapshot, String> {
-    let git_err = |e: git2::Error| format!("cannot snapshot the working tree: {e}");
+    let git_err = |e: git2::Error| format!("cannot snapshot the working tree: {}", e.message());
     let head = repo.head().ok().and_then(|h| h.peel_to_commit().ok());
     let mut index = repo.index().map_err(git_err)?;
     index
@@ -237,7 +253,7 @@ fn snapshot_worktree(repo: &Repository) -> Result<Snapshot, String> {
                     "backup: unsaved work before sync ({})",
                     crate::commit::describe_paths(&paths)
                 ),
-                crate::commit::Kind::Backup,
+                shmastra_contract::SaveKind::Backup,
                 &paths,
                 &[],
             );
@@ -277,7 +293,7 @@ fn back_up_unsaved_work(
     remote_tip: Option<Oid>,
     now: SystemTime,
 ) -> Result<Option<String>, String> {
-    let git_err = |e: git2::Error| format!("cannot write the backup ref: {e}");
+    let git_err = |e: git2::Error| format!("cannot write the backup ref: {}", e.message());
     let Some(commit) = snapshot.commit else {
         return Ok(None);
     };
@@ -290,7 +306,7 @@ fn back_up_unsaved_work(
             return Ok(None);
         }
     }
-    let stamp = backup_stamp(now);
+    let stamp = layout::stamp(now);
     let mut name = format!("{BACKUP_REF_PREFIX}{stamp}");
     let mut n = 1;
     while repo.find_reference(&name).is_ok() {
@@ -308,15 +324,15 @@ fn back_up_unsaved_work(
 /// push is a warning: the backup stays in this repository, and the sync goes on.
 fn push_backup(repo: &Repository, settings: &RemoteSettings, backup_ref: &str) -> Option<String> {
     let stamp = backup_ref.trim_start_matches(BACKUP_REF_PREFIX);
-    let branch = format!("refs/heads/recovery/{stamp}");
+    let branch = layout::recovery_branch(stamp);
     let commit = repo.refname_to_id(backup_ref).ok()?;
     match crate::push::push_once(settings, commit, &branch) {
         Ok(()) => {
-            let tracking = format!("refs/remotes/{}/recovery/{stamp}", settings.remote);
+            let tracking = layout::recovery_tracking_ref(&settings.remote, stamp);
             if let Err(e) =
                 repo.reference(&tracking, commit, true, "project-watcher: backup pushed")
             {
-                tracing::warn!("cannot record the pushed backup locally: {e}");
+                tracing::warn!("cannot record the pushed backup locally: {}", e.message());
             }
             tracing::info!(branch = %branch, "pushed the backup to the remote");
             Some(branch)
@@ -326,11 +342,6 @@ fn push_backup(repo: &Repository, settings: &RemoteSettings, backup_ref: &str) -
             None
         }
     }
-}
-
-/// `20261129T230046Z`: ISO 8601 basic format, a valid ref name that sorts by time.
-fn backup_stamp(now: SystemTime) -> String {
-    crate::status::timestamp(now).replace(['-', ':'], "")
 }
 
 /// Deletes all but the `keep` newest backup refs (names sort by time).
@@ -374,7 +385,7 @@ fn dependencies_changed(repo: &Repository, before: Oid, after: Oid) -> Result<bo
 
 /// The lock file's own package manager, `npm install` for a bare `package.json`, or nothing
 /// for a project without one. `exists` answers for a file name at the project root.
-pub fn default_install_command(exists: impl Fn(&str) -> bool) -> Option<&'static str> {
+pub(crate) fn default_install_command(exists: impl Fn(&str) -> bool) -> Option<&'static str> {
     const BY_LOCK_FILE: &[(&str, &str)] = &[
         ("pnpm-lock.yaml", "pnpm install --frozen-lockfile"),
         ("yarn.lock", "yarn install --frozen-lockfile"),
@@ -407,16 +418,13 @@ fn run_command(step: Step, cmd: &str, workdir: &Path) -> Result<(), SyncError> {
         .stderr(writer)
         .spawn()
         .map_err(spawn_err)?;
-    let mut tail = VecDeque::with_capacity(TAIL_LINES);
+    let mut output = OutputLines::default();
     let mut stderr = io::stderr().lock();
     for line in BufReader::new(reader).split(b'\n') {
         let Ok(line) = line else { break };
         let _ = stderr.write_all(&line);
         let _ = stderr.write_all(b"\n");
-        if tail.len() == TAIL_LINES {
-            tail.pop_front();
-        }
-        tail.push_back(String::from_utf8_lossy(&line).into_owned());
+        output.push(&String::from_utf8_lossy(&line));
     }
     drop(stderr);
     let status = child.wait().map_err(spawn_err)?;
@@ -424,7 +432,7 @@ fn run_command(step: Step, cmd: &str, workdir: &Path) -> Result<(), SyncError> {
         return Ok(());
     }
     Err(SyncError {
-        output_tail: tail.into(),
+        output,
         ..SyncError::new(step, format!("`{cmd}` failed ({status})"))
     })
 }
@@ -445,6 +453,7 @@ fn remove_failure_file(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shmastra_contract::failure::TAIL_LINES;
     use std::time::Duration;
     use testkit::git::{SavedProject, git, tree_of, tree_of_add_all};
 
@@ -580,11 +589,12 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_install_writes_its_output_tail_to_the_failure_file() {
+    fn a_failing_install_writes_its_first_error_lines_and_output_tail_to_the_failure_file() {
         let s = setup();
         s.push_from_laptop("package.json", "{\"name\": \"app\", \"version\": \"2\"}\n");
         let settings = s.settings(
-            "for i in $(seq 1 80); do echo line $i; done; echo 'npm ERR! boom' >&2; exit 3",
+            "echo 'npm ERR! Missing: left-pad@1.3.0 from lock file' >&2; \
+             for i in $(seq 1 80); do echo line $i; done; echo 'npm ERR! boom' >&2; exit 3",
         );
 
         let err = sync(&settings).unwrap_err();
@@ -596,9 +606,18 @@ mod tests {
         assert_eq!(lines[0], "step: install");
         assert!(lines[1].starts_with("error: `echo install"), "{}", lines[1]);
         assert!(lines[1].contains("exit status: 3"), "{}", lines[1]);
-        assert_eq!(lines.len(), 2 + TAIL_LINES, "{report}");
+        assert_eq!(
+            lines[2..5],
+            [
+                "first: 2",
+                "npm ERR! Missing: left-pad@1.3.0 from lock file",
+                "npm ERR! boom"
+            ],
+            "{report}"
+        );
+        assert_eq!(lines.len(), 5 + TAIL_LINES, "{report}");
         assert_eq!(SyncFailure::parse(report.as_bytes()), err.failure());
-        assert_eq!(lines[2], "line 32");
+        assert_eq!(lines[5], "line 32");
         assert_eq!(lines.last(), Some(&"npm ERR! boom"));
         assert_eq!(
             s.steps(),

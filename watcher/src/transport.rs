@@ -21,19 +21,37 @@ use crate::status::VERSION;
 /// fails as a network error and is retried.
 pub const DEFAULT_NETWORK_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The environment variable that sets the network timeout (a duration such as `10s`; documented
+/// for operators, used by the fault tests to end a stalled push within a short outage).
+pub const NETWORK_TIMEOUT_ENV: &str = "PROJECT_WATCHER_NETWORK_TIMEOUT";
+
+/// The network timeout [`NETWORK_TIMEOUT_ENV`] asks for: [`DEFAULT_NETWORK_TIMEOUT`] when it is
+/// unset, an error naming the variable when it is not a duration above zero.
+pub fn network_timeout_from_env() -> Result<Duration, String> {
+    let Ok(value) = std::env::var(NETWORK_TIMEOUT_ENV) else {
+        return Ok(DEFAULT_NETWORK_TIMEOUT);
+    };
+    match crate::config::parse_duration(&value) {
+        Ok(timeout) if !timeout.is_zero() => Ok(timeout),
+        _ => Err(format!(
+            "{NETWORK_TIMEOUT_ENV}={value:?} is not a duration above zero (such as 30s)"
+        )),
+    }
+}
+
 /// The largest piece of a pack file libgit2 maps at once (its default is 1 GiB on 64-bit).
-pub const PACK_WINDOW_SIZE: usize = 4 << 20;
+pub(crate) const PACK_WINDOW_SIZE: usize = 4 << 20;
 
 /// The most pack-file bytes libgit2 keeps mapped (its default is 8 GiB on 64-bit): beyond
 /// this it unmaps the least recently used windows. An operation that reads a whole pack (a
 /// restore's checkout, a fetch's indexing) otherwise keeps every page of it resident until the
 /// repository is closed: restoring a 100k-file project (a 96 MB pack) peaked at 152 MiB RSS
 /// with libgit2's defaults and 87 MiB with these.
-pub const PACK_MAPPED_LIMIT: usize = 32 << 20;
+pub(crate) const PACK_MAPPED_LIMIT: usize = 32 << 20;
 
 /// The product comment of the watcher's User-Agent, `git/2.0 (project-watcher/<version>)`.
 /// The cloud's proxy tells the watcher's pushes from everyone else's by this tag.
-pub fn user_agent_tag() -> String {
+pub(crate) fn user_agent_tag() -> String {
     format!("project-watcher/{VERSION}")
 }
 

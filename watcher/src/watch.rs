@@ -35,9 +35,28 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::changes::Changes;
 use crate::filter::{ENV_FILE, Filter, RuleWarning, Rules, RulesFile, TrackedIgnored};
 use crate::scan;
+use crate::stage::OwnIndex;
 
 /// How often directories that could not be watched are scanned instead.
 pub const UNWATCHED_RESCAN_EVERY: Duration = Duration::from_secs(10);
+
+/// The files of the git directory whose change means the user's git moved `HEAD`, wrote the
+/// index (a commit, a reset, `git rm --cached`: [`OwnIndex`] tells the watcher's own writes
+/// apart) or began or ended an operation (see `user_git.rs`): a batch, so the watcher looks
+/// again whether to pause, or saves what git left.
+const GIT_STATE_FILES: &[&str] = &[
+    "HEAD",
+    INDEX_FILE,
+    "MERGE_HEAD",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "BISECT_LOG",
+    "rebase-merge",
+    "rebase-apply",
+    "sequencer",
+];
+/// The index file, in the git directory.
+const INDEX_FILE: &str = "index";
 /// A cap on directory watches below the kernel's `fs.inotify.max_user_watches`, so that the
 /// fallback to periodic rescans can be exercised by tests (or inotify use bounded on a shared
 /// host). It can only lower the limit: the kernel's still applies.
@@ -193,11 +212,13 @@ pub struct TreeWatcher {
     env_target: Option<PathBuf>,
     /// `.git/info` or `core.excludesFile` did not exist when last watched.
     rule_files_absent: bool,
+    /// The index file as the save stage last read or wrote it.
+    own_index: OwnIndex,
 }
 
 impl TreeWatcher {
     /// The stage with the repository's exclude files watched and no directory yet: the first
-    /// save's walk ([`TreeWatcher::walker`]) watches them, or [`TreeWatcher::watch_all`] does.
+    /// save's walk ([`TreeWatcher::start_walker`]) watches them.
     /// Call it inside the tokio runtime (its reactor reads the inotify descriptor).
     pub fn new(
         workdir: &Path,
@@ -206,6 +227,7 @@ impl TreeWatcher {
         problems: watch::Sender<Option<String>>,
         tracked_ignored: watch::Receiver<Arc<TrackedIgnored>>,
         event_buffer: usize,
+        own_index: OwnIndex,
     ) -> Result<Self, WatchError> {
         let tracked_now = Arc::clone(&*tracked_ignored.borrow());
         let mut this = Self {
@@ -225,15 +247,10 @@ impl TreeWatcher {
             tracked_ignored_rx: tracked_ignored,
             env_target: None,
             rule_files_absent: false,
+            own_index,
         };
         this.watch_rule_files();
         Ok(this)
-    }
-
-    /// Watches every kept directory (loading the ignore rules on the way down), when no
-    /// save walked for it. Blocking.
-    pub fn watch_all(&mut self) {
-        self.reconcile(Path::new(""));
     }
 
     /// How many directories have a watch (not counting the rule files').
@@ -261,7 +278,7 @@ impl TreeWatcher {
         loop {
             let mut changes = Changes::default();
             tokio::select! {
-                _ = &mut stop => return self.rules,
+                _ = &mut stop => return self.final_rules(),
                 ready = self.inotify.fd.readable() => {
                     let Ok(mut guard) = ready else { return self.rules };
                     let read = read_events(guard.get_inner(), &mut buf);
@@ -276,12 +293,7 @@ impl TreeWatcher {
                         }
                     }
                 }
-                _ = rescan.tick(), if !self.unwatched.is_empty() || self.rule_files_absent => {
-                    if self.rule_files_absent && !self.rule_files_missing() {
-                        tracing::info!("an ignore rules file appeared; rescanning the whole project");
-                        self.watch_rule_files();
-                        self.rescan_all(&mut changes);
-                    }
+                _ = rescan.tick(), if !self.unwatched.is_empty() => {
                     let dirs = std::mem::take(&mut self.unwatched);
                     for dir in dirs {
                         self.reconcile(&dir);
@@ -299,12 +311,31 @@ impl TreeWatcher {
                 }
             }
             if !changes.is_empty() {
+                // A rules file that did not exist is looked for with each batch, not on a
+                // timer (an idle watcher wakes for nothing): it matters only to a save. What
+                // can be missing is `core.excludesFile` (the watcher makes `info/` at start),
+                // last in git's order: it can ignore more, but un-ignore no directory that
+                // would then lack a watch.
+                if self.rule_files_absent && !self.rule_files_missing() {
+                    // Created since it was last looked for: this batch is judged by it already.
+                    tracing::info!("an ignore rules file appeared; rescanning the whole project");
+                    self.watch_rule_files();
+                    self.rescan_all(&mut changes);
+                }
                 changes.rules = Some(self.rules.clone());
                 if out.send(changes).await.is_err() {
                     return self.rules;
                 }
             }
         }
+    }
+
+    /// The rules for the last save: the repository's files read again, so one created or
+    /// edited since the last event (or the last periodic look) applies too.
+    fn final_rules(mut self) -> Rules {
+        let warnings = self.rules.make_mut().reload_repo_rules();
+        report_rule_warnings(&warnings);
+        self.rules
     }
 
     /// Events as paths, from the names their watches were added under.
@@ -351,6 +382,15 @@ impl TreeWatcher {
     }
 
     fn handle_path(&mut self, abs: &Path, gone: bool, changes: &mut Changes) {
+        if abs.parent() == Some(self.git_dir.as_path()) {
+            let name = abs.file_name().and_then(|n| n.to_str());
+            if name.is_some_and(|n| GIT_STATE_FILES.contains(&n))
+                && (name != Some(INDEX_FILE) || self.own_index.written_elsewhere(abs))
+            {
+                changes.git_state = true;
+            }
+            return;
+        }
         let rel = abs.strip_prefix(&self.workdir).ok();
         if self.env_target.as_deref() == Some(abs) {
             changes.env_changed = true;
@@ -558,10 +598,10 @@ impl TreeWatcher {
         self.unwatched.remove(rel);
     }
 
-    /// Whether `.git/info` or `core.excludesFile` does not exist (yet): checked again at
-    /// every periodic rescan, so one created after start applies.
+    /// Whether `.git/info` or `core.excludesFile` does not exist (yet): checked again with
+    /// every batch, so one created after start applies.
     fn rule_files_missing(&self) -> bool {
-        !self.git_dir.join("info").is_dir()
+        !self.info_dir().is_dir()
             || self
                 .rules
                 .filter
@@ -569,10 +609,17 @@ impl TreeWatcher {
                 .is_some_and(|f| !f.exists())
     }
 
+    /// The folder of `info/exclude` (in the common directory, for a linked worktree).
+    fn info_dir(&self) -> PathBuf {
+        let exclude = crate::layout::info_exclude(&self.git_dir);
+        exclude.parent().map(Path::to_owned).unwrap_or(exclude)
+    }
+
     /// `.git/info` (for `exclude`), `core.excludesFile` and the target of a symlinked `.env`:
-    /// a change re-reads the rules (or the manifest).
+    /// a change re-reads the rules (or the manifest); the git directory itself, for the
+    /// user's git ([`GIT_STATE_FILES`]).
     fn watch_rule_files(&mut self) {
-        let info = self.git_dir.join("info");
+        let info = self.info_dir();
         let excludes = self.rules.filter.excludes_file().map(Path::to_owned);
         let env = self.workdir.join(ENV_FILE);
         self.env_target = std::fs::symlink_metadata(&env)
@@ -581,7 +628,12 @@ impl TreeWatcher {
             .flatten();
         let env_target = self.env_target.clone();
         self.rule_files_absent = self.rule_files_missing();
-        for path in std::iter::once(info).chain(excludes).chain(env_target) {
+        let git_dir = self.git_dir.clone();
+        for path in [git_dir, info]
+            .into_iter()
+            .chain(excludes)
+            .chain(env_target)
+        {
             if path.exists() {
                 self.inotify.unwatch(&path);
                 match self.inotify.watch(&Arc::from(path.as_path()), &path) {

@@ -2,42 +2,15 @@
 //! commits equals `git add -A` run on a copy of the user's own index, taken before the
 //! watcher touched it (so a watcher that drops what git keeps cannot agree with itself).
 
-mod common;
+mod support;
 
 use std::fs;
 use std::path::Path;
 
-use common::{Daemon, PATIENCE, Repo};
+use support::PATIENCE;
+use support::in_process::{Daemon, Repo, check_state as check, commit_all};
 use testkit::git::git;
 use testkit::wait::until;
-
-/// Sets up a state with `setup` (real git commands), computes git's answer, starts the
-/// watcher and waits until HEAD holds exactly that tree.
-fn check(name: &str, setup: impl Fn(&Repo)) -> (Repo, Daemon) {
-    let repo = Repo::new();
-    repo.write("base.txt", "base");
-    // What the watcher writes before its first pass, so that git's answer includes it.
-    repo.write(
-        "shmastra.json",
-        &shmastra_contract::Manifest::default().to_json(),
-    );
-    setup(&repo);
-    let expected = repo.add_all_tree();
-    let daemon = Daemon::start(&repo, repo.config());
-    until(PATIENCE, name, || {
-        (repo.head_tree().as_deref() == Some(expected.as_str())).then_some(())
-    });
-    (repo, daemon)
-}
-
-/// `git add -A` + `git commit` as a user does, so that later states start from a history.
-fn commit_all(repo: &Repo, force: &[&str]) {
-    repo.git(&["add", "-A"]);
-    for path in force {
-        repo.git(&["add", "-f", path]);
-    }
-    repo.git(&["commit", "-qm", "user commit"]);
-}
 
 fn sub_repo(at: &Path) {
     testkit::git::init_repo(at);
@@ -416,9 +389,11 @@ fn directories_renamed_during_an_overflow_stay_watched() {
     repo.write("two/b.txt", "b");
     repo.write("three/c.txt", "c");
     let mut config = repo.config();
-    // One buffered event: nearly every batch overflows and rescans.
+    // One buffered event: every read of more than one event overflows and rescans, and a
+    // rename alone makes three (moved from, moved to, the directory's own move).
     config.event_buffer = 1;
-    let _daemon = Daemon::start(&repo, config);
+    let daemon = Daemon::start(&repo, config);
+    let before = daemon.overflow_rescans();
     fs::rename(repo.path("one"), repo.path("renamed")).unwrap();
     fs::rename(repo.path("two"), repo.path("swap")).unwrap();
     fs::rename(repo.path("three"), repo.path("two")).unwrap();
@@ -427,6 +402,11 @@ fn directories_renamed_during_an_overflow_stay_watched() {
         repo.write(&format!("noise/{i}"), "overflow");
     }
     repo.wait_saved();
+    assert!(
+        daemon.overflow_rescans() > before,
+        "the renames were never handled by an overflow rescan:\n{}",
+        daemon.logs()
+    );
     // Edits inside the moved directories must be seen live, not at the next full pass.
     repo.write("renamed/new.txt", "new");
     repo.write("two/new.txt", "new");

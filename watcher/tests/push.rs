@@ -1,18 +1,22 @@
 //! The push stage on its own, against real git: a repository, commits made with the git CLI,
 //! and `testkit`'s smart-HTTP server (git http-backend) with faults switched on and off.
+//!
+//! A stalled server fails an attempt after [`network_timeout`] (5 s, or the watcher's own
+//! `PROJECT_WATCHER_NETWORK_TIMEOUT`), not the daemon's 30 s: short enough for the stall tests,
+//! long enough that no push on a loaded machine waits that long for one read or write.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use git2::Oid;
-use project_watcher::push::{PushEvent, PushHandle};
+use project_watcher::push::{Head, PushEvent, PushHandle};
 use project_watcher::remote::RemoteSettings;
 use testkit::git::{git, init_bare, init_repo};
 use testkit::git_server::{Fault, GitServer};
+use testkit::wait::PATIENCE;
 use tokio::sync::{mpsc, watch};
 
 const TOKEN: &str = "tok-5f3a9c1e-secret";
-const WAIT: Duration = Duration::from_secs(60);
 
 /// One test's world: a work repository whose `project` remote is on the test server.
 struct World {
@@ -20,9 +24,19 @@ struct World {
     server: GitServer,
     bare: PathBuf,
     work: PathBuf,
-    heads: watch::Sender<Option<Oid>>,
+    heads: watch::Sender<Option<Head>>,
     events: mpsc::Receiver<PushEvent>,
     pusher: Option<PushHandle>,
+}
+
+/// The network timeout of this test binary (the first test to ask decides; libgit2's settings
+/// are process-wide).
+fn network_timeout() -> Duration {
+    let wanted = match std::env::var_os(project_watcher::transport::NETWORK_TIMEOUT_ENV) {
+        Some(_) => project_watcher::transport::network_timeout_from_env().expect("a valid timeout"),
+        None => Duration::from_secs(5),
+    };
+    project_watcher::transport::init(wanted)
 }
 
 impl World {
@@ -31,8 +45,7 @@ impl World {
     }
 
     fn with_remote(token: Option<&str>, url: impl FnOnce(&GitServer, &Path) -> String) -> Self {
-        // Stalls fail after 2 s instead of the daemon's 30 s; the first test to get here decides.
-        project_watcher::transport::init(Duration::from_secs(2));
+        network_timeout();
         let tmp = tempfile::tempdir().unwrap();
         let server = GitServer::start(&tmp.path().join("srv"));
         let bare = server.create_bare("r.git");
@@ -66,13 +79,13 @@ impl World {
         git(&self.work, ["add", "-A"]);
         git(&self.work, ["commit", "-q", "-m", name]);
         let head = Oid::from_str(git(&self.work, ["rev-parse", "HEAD"]).trim()).unwrap();
-        self.heads.send_replace(Some(head));
+        self.heads.send_replace(Some(on_main(head)));
         head
     }
 
     /// The next event other than `Started`.
     async fn next(&mut self) -> PushEvent {
-        let deadline = tokio::time::Instant::now() + WAIT;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             let event = tokio::time::timeout_at(deadline, self.events.recv())
                 .await
@@ -97,7 +110,9 @@ impl World {
 
     async fn failure(&mut self) -> (String, Duration) {
         match self.next().await {
-            PushEvent::Failed { error, retry_in } => (error, retry_in),
+            PushEvent::Failed {
+                error, retry_in, ..
+            } => (error, retry_in),
             other => panic!("expected a failure, got {other:?}"),
         }
     }
@@ -206,8 +221,10 @@ async fn server_errors_and_stalls_are_retried_soon() {
 async fn a_refused_token_is_answered_once_and_backs_off_for_minutes() {
     let mut w = World::new(Some("wrong-token"));
     w.server.require_password(TOKEN);
+    let committed = Instant::now();
     w.commit("a.txt", "a\n");
     let (error, retry_in) = w.failure().await;
+    let attempt = committed.elapsed();
     assert!(
         error.contains("refused PROJECT_TOKEN") && error.contains("401"),
         "{error}"
@@ -222,12 +239,40 @@ async fn a_refused_token_is_answered_once_and_backs_off_for_minutes() {
         .collect();
     assert_eq!(sent, ["wrong-token"], "one answer per attempt, no replays");
 
-    // A newer commit does not cut the back-off short.
-    w.commit("b.txt", "b\n");
+    // A newer commit does not cut the back-off short: nothing for three times what the first
+    // attempt took (at least 1 s), then the sentinel, shutdown, which makes one attempt whatever
+    // the back-off says; it must be the only other one.
     let before = w.server.requests().len();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(w.server.requests().len(), before);
+    let b = w.commit("b.txt", "b\n");
+    let window = (3 * attempt).max(Duration::from_secs(1));
+    let quiet_from = Instant::now();
+    while quiet_from.elapsed() < window {
+        assert_eq!(
+            w.server.requests().len(),
+            before,
+            "a newer commit cut the back-off short"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     w.shutdown().await;
+    let mut after = Vec::new();
+    while let Ok(event) = w.events.try_recv() {
+        after.push(event);
+    }
+    assert!(
+        matches!(
+            after.as_slice(),
+            [PushEvent::Started, PushEvent::Failed { .. }]
+        ),
+        "one attempt after the first, at shutdown (for {b}): {after:?}"
+    );
+    let sent: Vec<_> = w
+        .server
+        .requests()
+        .into_iter()
+        .filter_map(|r| r.basic_password())
+        .collect();
+    assert_eq!(sent, ["wrong-token", "wrong-token"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,7 +371,7 @@ async fn a_remote_that_moved_on_gets_a_recovery_branch_and_main_is_untouched() {
         ["merge", "-q", "--no-edit", "refs/remotes/project/main"],
     );
     let merged = Oid::from_str(git(&w.work, ["rev-parse", "HEAD"]).trim()).unwrap();
-    w.heads.send_replace(Some(merged));
+    w.heads.send_replace(Some(on_main(merged)));
     w.until_pushed(merged).await;
     assert_eq!(w.remote_rev("main"), Some(merged.to_string()));
     w.shutdown().await;
@@ -378,6 +423,7 @@ async fn shutdown_pushes_the_newest_head_once_and_is_bounded_when_the_server_sta
         .await;
     assert_eq!(w.remote_rev("main"), Some(head.to_string()));
 
+    // Bounded by the shutdown's own deadline (1 s), not by the attempt's network timeout.
     let mut w = World::new(None);
     w.server.set_fault(Fault::Stall);
     w.commit("a.txt", "a\n");
@@ -388,7 +434,7 @@ async fn shutdown_pushes_the_newest_head_once_and_is_bounded_when_the_server_sta
         .shutdown(Duration::from_secs(1))
         .await;
     assert!(
-        started.elapsed() < Duration::from_secs(4),
+        started.elapsed() < network_timeout(),
         "{:?}",
         started.elapsed()
     );
@@ -485,7 +531,7 @@ async fn a_redirect_to_another_origin_is_refused_and_the_token_stays_home() {
     let (error, _) = w.failure().await;
     assert!(error.contains("redirected to another origin"), "{error}");
     assert!(!error.contains(TOKEN), "{error}");
-    let head = heads.recv_timeout(WAIT).unwrap();
+    let head = heads.recv_timeout(PATIENCE).unwrap();
     assert!(
         head.starts_with("GET /r.git/info/refs?service=git-receive-pack "),
         "{head}"
@@ -512,4 +558,12 @@ async fn a_server_that_is_not_git_is_refused_with_a_clear_error() {
         "{error}"
     );
     w.shutdown().await;
+}
+
+/// `oid` as the tip of `main`, the branch these tests push.
+fn on_main(oid: Oid) -> Head {
+    Head {
+        oid,
+        branch: "main".to_owned(),
+    }
 }

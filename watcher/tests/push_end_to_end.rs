@@ -4,16 +4,13 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::Duration;
 
 use project_watcher::status::{self, State, Status};
 use testkit::git::{git, git_output, hermetic_env, init_repo, tree_of, tree_of_add_all};
 use testkit::git_server::{Fault, GitServer};
-use testkit::wait::{until, until_seen};
+use testkit::wait::{PATIENCE, until, until_seen};
 
 const TOKEN: &str = "ptok-7c1d2e93b8a4-do-not-leak";
-/// Generous: other builds and tests share the machine's two cores.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 struct Sandbox {
     tmp: tempfile::TempDir,
@@ -268,7 +265,30 @@ fn server_errors_are_retried_and_shown_until_they_clear() {
     });
     sb.server.set_fault(Fault::None);
     sb.wait_all_pushed();
-    drop(watcher);
+    sb.write("b.txt", "b\n");
+    until(PATIENCE, "a second push that needed no retry", || {
+        (sb.remote_rev("main:b.txt").is_some()).then_some(())
+    });
+    let (_, logs) = watcher.stop();
+    let messages: Vec<String> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["message"].as_str().map(str::to_owned))
+        .collect();
+    let failed = messages
+        .iter()
+        .filter(|m| m.starts_with("push failed: "))
+        .count();
+    assert!(failed >= 2, "{logs}");
+    let again: Vec<_> = messages
+        .iter()
+        .filter(|m| m.contains("pushed again"))
+        .collect();
+    assert_eq!(
+        again,
+        [&format!("pushed again after {failed} failures")],
+        "once, when the pushes resumed: {logs}"
+    );
 }
 
 #[test]

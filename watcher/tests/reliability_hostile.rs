@@ -14,6 +14,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use project_watcher::status::State;
 use support::{PATIENCE, Project, is_root, report, skip};
 use testkit::git::{git, init_repo};
 
@@ -303,9 +304,10 @@ fn a_young_index_lock_of_unknown_origin_is_reported_and_waited_out() {
     fs::write(&lock, b"").unwrap();
     let watcher = project.start(&["--no-push"], &[]);
     let status = project.wait_status("the lock in the status", PATIENCE, |s| {
-        s.last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("locked"))
+        s.state == State::Paused
+            && s.paused_reason
+                .as_deref()
+                .is_some_and(|r| r.contains("index.lock"))
     });
     assert!(status.head.is_none(), "{status:#?}");
     assert!(
@@ -316,6 +318,48 @@ fn a_young_index_lock_of_unknown_origin_is_reported_and_waited_out() {
     project.wait_committed(&[], Duration::from_secs(90));
     let (exit, logs) = watcher.stop();
     assert_eq!(exit.code(), Some(0), "{logs}");
+}
+
+#[test]
+fn a_stale_lock_goes_while_git_commands_that_only_read_run_in_the_repository() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project::local(tmp.path());
+    project.write("a.txt", "a\n");
+    // Left by a git killed minutes ago: nobody has it open.
+    let lock = project.git_dir().join("index.lock");
+    fs::write(&lock, b"").unwrap();
+    age(&lock, 120);
+    // What an editor's git integration keeps running: a reader waiting on its stdin, and a
+    // command on an index of its own. Neither can hold the repository's locks.
+    let scratch_index = tmp.path().join("scratch-index");
+    let mut readers = [
+        testkit::git::command(&project.work)
+            .args(["cat-file", "--batch"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+        testkit::git::command(&project.work)
+            .args(["add", "--interactive"])
+            .env("GIT_INDEX_FILE", &scratch_index)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ];
+    let watcher = project.start(&["--no-push"], &[]);
+    project.wait_committed(&[], PATIENCE);
+    assert!(!lock.exists());
+    for reader in &mut readers {
+        assert!(
+            reader.try_wait().unwrap().is_none(),
+            "the reader still runs"
+        );
+        let _ = reader.kill();
+        let _ = reader.wait();
+    }
+    let (exit, logs) = watcher.stop();
+    assert_eq!(exit.code(), Some(0), "{logs}");
+    assert!(logs.contains("removed a stale git lock file"), "{logs}");
 }
 
 /// The type of `rel` in `HEAD` (`blob`, `tree`), `None` when absent.

@@ -97,7 +97,7 @@ fn a_flood_that_overflows_the_kernel_queue_ends_with_everything_committed() {
     };
     let watcher = project.start(&["--no-push"], &[]);
     drop(lowered);
-    project.wait_committed(&[], Duration::from_secs(60));
+    project.wait_committed(&[], testkit::wait::PATIENCE);
 
     let files = 1500;
     for i in 0..files {

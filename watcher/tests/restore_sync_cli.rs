@@ -6,16 +6,13 @@ use std::fs;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
 
 use testkit::git::{
     SavedProject, git, hermetic_env, init_bare, init_repo, tree_of, tree_of_add_all,
 };
-use testkit::wait::until;
+use testkit::wait::{PATIENCE, until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_project-watcher");
-/// Generous: other builds and tests share the machine's two cores.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The saved project these tests start from; its helpers are below.
 struct Setup(SavedProject);
@@ -132,6 +129,17 @@ fn sync_pulls_the_laptops_push_and_removes_the_failure_file() {
         tree_of(&s.remote, "main").unwrap()
     );
     assert!(!s.failure_file().exists());
+    // Its log line holds plain values, and no field for what did not happen.
+    let logs = stderr(&out);
+    assert!(!logs.contains("Some(") && !logs.contains("None"), "{logs}");
+    let done: serde_json::Value = logs
+        .lines()
+        .find(|l| l.contains("sync done"))
+        .map(|l| serde_json::from_str(l).expect("a JSON log line"))
+        .unwrap_or_else(|| panic!("no `sync done` line in {logs}"));
+    let tip = git(&s.remote, ["rev-parse", "main"]);
+    assert_eq!(done["commit"], tip.trim(), "{done}");
+    assert!(done.get("installed_with").is_none(), "{done}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The watcher in-process on real repositories: what ends up in HEAD after ordinary and
 //! awkward work, compared with what `git add -A` would commit.
 
-mod common;
+mod support;
 
 use std::ffi::OsStr;
 use std::fs;
@@ -9,8 +9,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::symlink;
 use std::time::Duration;
 
-use common::{Daemon, PATIENCE, Repo};
 use project_watcher::daemon::DaemonError;
+use support::PATIENCE;
+use support::in_process::{Daemon, Repo};
 use testkit::git::git;
 use testkit::wait::until;
 
@@ -384,7 +385,7 @@ fn a_stale_index_lock_is_removed_and_saving_continues() {
         .unwrap();
     repo.write("a.txt", "a");
     let _daemon = Daemon::start(&repo, repo.config());
-    assert!(!common::exists(&lock));
+    assert!(!support::in_process::exists(&lock));
     assert!(repo.head_paths().contains(&"a.txt".to_owned()));
 }
 

@@ -1,13 +1,13 @@
 //! Start-up is one walk for the watches and the first save, and `ready` means both are done.
 //! Alone in its test binary, so the process's inotify watches are all the watcher's.
 
-mod common;
+mod support;
 
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::time::Duration;
 
-use common::{Daemon, Repo, inotify_watches_of_this_process};
+use support::in_process::{Daemon, Repo, inotify_watches_of_this_process};
 use testkit::git::git;
 use testkit::wait::until;
 
@@ -58,8 +58,9 @@ fn ready_means_every_kept_directory_is_watched_and_the_first_save_is_on_disk() {
     );
 
     // Every watch is set by then: "", src, src/a, src/a/b, vendor, vendor/lib,
-    // vendor/lib/.git and .git/info; none in node_modules, none through a symlink.
-    assert_eq!(inotify_watches_of_this_process(), 8);
+    // vendor/lib/.git, .git/info and .git itself (the user's git); none in node_modules,
+    // none through a symlink.
+    assert_eq!(inotify_watches_of_this_process(), 9);
     repo.write("src/a/b/after.ts", "after ready");
     git(
         &nested,
@@ -82,5 +83,5 @@ fn ready_means_every_kept_directory_is_watched_and_the_first_save_is_on_disk() {
         commits + 1,
         "only src/last.ts was saved"
     );
-    assert_eq!(inotify_watches_of_this_process(), 8);
+    assert_eq!(inotify_watches_of_this_process(), 9);
 }

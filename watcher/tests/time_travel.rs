@@ -558,14 +558,12 @@ fn a_recovery_branch_of_a_diverged_watcher_is_listed_as_a_pushed_backup() {
     );
 }
 
-#[test]
-fn history_of_100k_commits_reads_only_what_it_shows() {
-    let tmp = tempfile::tempdir().unwrap();
-    let p = Project::local(tmp.path());
-    const COMMITS: usize = 100_000;
-    let mut stream = String::with_capacity(COMMITS * 200);
+/// The saves of a 100k-commit history, as `git fast-import` reads them: `from` the tip of
+/// `main` when `continues`.
+fn fast_import_stream(range: std::ops::Range<usize>, continues: bool) -> String {
     let start = 1_700_000_000u64;
-    for i in 0..COMMITS {
+    let mut stream = String::with_capacity(range.len() * 200);
+    for i in range.clone() {
         let body = format!("{i}\n");
         let message = format!(
             "autosave: f{}.txt\n\nf{}.txt\n\nSaved-by: project-watcher/0.1.0\nSave-kind: autosave\n",
@@ -577,13 +575,20 @@ fn history_of_100k_commits_reads_only_what_it_shows() {
             start + i as u64,
             message.len()
         ));
+        if continues && i == range.start {
+            stream.push_str("from refs/heads/main^0\n");
+        }
         stream.push_str(&format!(
             "M 100644 inline f{}.txt\ndata {}\n{body}\n",
             i % 100,
             body.len()
         ));
     }
-    let mut child = testkit::git::command(&p.work)
+    stream
+}
+
+fn fast_import(work: &Path, stream: &str) {
+    let mut child = testkit::git::command(work)
         .args(["fast-import", "--quiet"])
         .stdin(std::process::Stdio::piped())
         .spawn()
@@ -596,19 +601,57 @@ fn history_of_100k_commits_reads_only_what_it_shows() {
         .write_all(stream.as_bytes())
         .unwrap();
     assert!(child.wait().unwrap().success());
-    git(&p.work, ["reset", "-q", "--hard", "main"]);
+}
 
+/// The pack files of `work` (`.pack` and `.idx`), by name.
+fn packs(work: &Path) -> std::collections::BTreeSet<std::path::PathBuf> {
+    fs::read_dir(work.join(".git/objects/pack"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+/// "Reads only what it shows", checked without a clock: the history is imported as two packs,
+/// all but the newest 25 commits in the first, which is moved away while `history --limit 20`
+/// runs. A command that read one commit beyond the saves it shows (and their parents) would
+/// fail on the missing objects.
+#[test]
+fn history_of_100k_commits_reads_only_what_it_shows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = Project::local(tmp.path());
+    const COMMITS: usize = 100_000;
+    const NEWEST: usize = 25;
+    fast_import(&p.work, &fast_import_stream(0..COMMITS - NEWEST, false));
+    let old_packs = packs(&p.work);
+    fast_import(
+        &p.work,
+        &fast_import_stream(COMMITS - NEWEST..COMMITS, true),
+    );
+    git(&p.work, ["reset", "-q", "--hard", "main"]);
+    assert_eq!(
+        git(&p.work, ["rev-list", "--count", "HEAD"]).trim(),
+        COMMITS.to_string()
+    );
+
+    let away = tmp.path().join("old-packs");
+    fs::create_dir(&away).unwrap();
+    for pack in &old_packs {
+        fs::rename(pack, away.join(pack.file_name().unwrap())).unwrap();
+    }
     let started = std::time::Instant::now();
     let saves = history(&p, &["--limit", "20"]);
     let took = started.elapsed();
-    println!("history --limit 20 of {COMMITS} commits: {took:?}");
+    println!(
+        "history --limit 20 of {COMMITS} commits, the oldest {} of them absent: {took:?}",
+        COMMITS - NEWEST
+    );
+    for pack in &old_packs {
+        fs::rename(away.join(pack.file_name().unwrap()), pack).unwrap();
+    }
     assert_eq!(saves.len(), 20);
     assert_eq!(saves[0]["files"], serde_json::json!(["f99.txt"]));
     assert_eq!(saves[0]["pushed"], false);
-    assert!(
-        took < Duration::from_secs(2),
-        "history --limit 20 took {took:?} on {COMMITS} commits"
-    );
+    assert_eq!(saves[19]["files"], serde_json::json!(["f80.txt"]));
 
     // 100k ids share 4-character prefixes: such a prefix is ambiguous, one line, exit 2.
     let mut by_prefix = std::collections::HashMap::new();

@@ -1,17 +1,23 @@
 //! The push stage's side of the server: one push of a head to a ref (over HTTP(S) with
-//! [`super::send_pack`], to a path in process with [`super::local`]), the fetch of the branch after a non-fast-forward, and
-//! failure messages that say what happened and never carry a credential.
+//! [`super::send_pack`], to a path in process with [`super::local`]), the fetch of the branch
+//! after a non-fast-forward, the repair of a path remote an earlier version left incomplete,
+//! and failure messages that say what happened and never carry a credential.
+//!
+//! A failure's class comes from values: the [`SendError`] variant, the [`HttpStatus`] inside a
+//! transport error (the status and which credentials the request carried). Only the fetch,
+//! which goes through libgit2, is classified from its error's text.
 
 use std::path::PathBuf;
 
 use git2::{Oid, Repository};
 
+use super::objects::Pack;
 use super::send_pack::{self, SendError, Sent};
-use super::{PushFailure, Remote, redact_url, url_userinfo};
+use super::{Head, PushFailure, Remote, redact_url, url_userinfo};
 use crate::lock::{self, WorkMarker};
 use crate::remote::RemoteSettings;
 use crate::retry::{self, FailureKind};
-use crate::smart_http::SmartHttp;
+use crate::smart_http::{self, HttpStatus, SmartHttp};
 
 /// The real remote: the repository's configured remote.
 pub(crate) struct GitRemote {
@@ -62,11 +68,8 @@ impl GitRemote {
         WorkMarker::begin(git_dir, WorkMarker::PUSHING).ok()
     }
 
-    fn tracking_ref(&self) -> String {
-        format!(
-            "refs/remotes/{}/{}",
-            self.settings.remote, self.settings.branch
-        )
+    fn tracking_ref(&self, branch: &str) -> String {
+        format!("refs/remotes/{}/{branch}", self.settings.remote)
     }
 
     /// Removes secrets from a message that may quote libgit2 or the server.
@@ -84,15 +87,17 @@ impl GitRemote {
         text
     }
 
-    /// A failed fetch or push, classified. A 401 with no token to send means the token is
-    /// missing, not refused.
-    fn network_failure(&self, url: &str, e: &git2::Error) -> PushFailure {
-        let status = retry::http_status_in(e.message());
-        let no_token = self.settings.token.is_none() && status == Some(401);
+    /// A failed fetch, classified. libgit2 keeps only its transport's error text, so the HTTP
+    /// status is read back from it here; which credentials were sent comes from the settings.
+    fn fetch_failure(&self, url: &str, e: &git2::Error) -> PushFailure {
         let kind = retry::classify_git_error(e.code(), e.class(), e.message());
+        let http = retry::http_status_in(e.message()).map(|status| HttpStatus {
+            status,
+            sent: smart_http::Sent::for_remote(url, self.settings.token.as_deref()),
+        });
         PushFailure {
             kind,
-            message: self.describe(kind, url, e.message(), no_token),
+            message: self.describe(kind, url, e.message(), http),
         }
     }
 
@@ -112,41 +117,39 @@ impl GitRemote {
 
     /// The outcome of a push made with the watcher's own receive-pack client.
     fn sent(&self, url: &str, result: Result<Sent, SendError>) -> Result<(), PushFailure> {
-        match result {
-            Ok(Sent::UpToDate) => Ok(()),
+        let e = match result {
+            Ok(Sent::UpToDate) => return Ok(()),
             Ok(Sent::Updated { objects }) => {
                 tracing::debug!(objects, "pushed");
-                Ok(())
+                return Ok(());
             }
-            Err(SendError::Transport(e)) => Err(self.network_failure(
-                url,
-                &git2::Error::new(
-                    git2::ErrorCode::GenericError,
-                    git2::ErrorClass::Net,
-                    e.to_string(),
-                ),
-            )),
-            Err(e) => {
-                let kind = match &e {
-                    SendError::NonFastForward { .. } => FailureKind::NonFastForward,
-                    SendError::Refused { reason, .. } => retry::classify_ref_rejection(reason),
-                    SendError::Unpack { .. } | SendError::Fatal(_) | SendError::Store { .. } => {
-                        FailureKind::Server
-                    }
-                    SendError::Protocol(_) => FailureKind::Rejected,
-                    SendError::Local(_) | SendError::Transport(_) => FailureKind::Local,
-                };
-                Err(PushFailure {
-                    kind,
-                    message: self.describe(kind, url, &e.to_string(), false),
-                })
-            }
-        }
+            Err(e) => e,
+        };
+        let http = match &e {
+            SendError::Transport(io) => HttpStatus::of(io),
+            _ => None,
+        };
+        let kind = match &e {
+            SendError::Transport(_) => http.map_or(FailureKind::Network, |h| {
+                FailureKind::of_http_status(h.status)
+            }),
+            SendError::NonFastForward { .. } => FailureKind::NonFastForward,
+            SendError::Refused { reason, .. } => retry::classify_ref_rejection(reason),
+            SendError::Unpack { .. } | SendError::Incomplete { .. } => FailureKind::MissingObjects,
+            SendError::Fatal(_) | SendError::Store { .. } => FailureKind::Server,
+            SendError::Protocol(_) => FailureKind::Rejected,
+            SendError::Local(_) => FailureKind::Local,
+        };
+        Err(PushFailure {
+            kind,
+            message: self.describe(kind, url, &e.to_string(), http),
+        })
     }
 
     /// Records a confirmed push as `git push` does: each fetch refspec of the remote that
     /// matches `dst` names a remote-tracking ref (`refs/remotes/<remote>/recovery/...` for a
-    /// recovery branch), and the branch's own tracking ref is always written. The daemon counts
+    /// recovery branch), and a branch's own tracking ref (`refs/remotes/<remote>/<branch>`)
+    /// is always written. The daemon counts
     /// unpushed commits against it. The pusher writes only these confirmed facts, never the
     /// branch, index or tree, so it does not take repo.lock.
     fn record(&self, repo: &Repository, head: Oid, dst: &str) -> Result<(), PushFailure> {
@@ -159,8 +162,10 @@ impl GitRemote {
                 name.as_str().ok().map(str::to_owned)
             })
             .collect();
-        if dst == format!("refs/heads/{}", self.settings.branch) {
-            tracking.push(self.tracking_ref());
+        if let Some(branch) = dst.strip_prefix("refs/heads/")
+            && !branch.starts_with("recovery/")
+        {
+            tracking.push(self.tracking_ref(branch));
         }
         tracking.dedup();
         for name in tracking {
@@ -173,66 +178,118 @@ impl GitRemote {
         Ok(())
     }
 
-    /// A failure message that says what happened and what to do.
-    fn describe(&self, kind: FailureKind, url: &str, detail: &str, no_token: bool) -> String {
+    /// A failure message that says what happened and what to do; `http` is the status the
+    /// server answered with, if that is the failure.
+    fn describe(
+        &self,
+        kind: FailureKind,
+        url: &str,
+        detail: &str,
+        http: Option<HttpStatus>,
+    ) -> String {
         let remote = &self.settings.remote;
         let at = redact_url(url);
-        let text = match kind {
-            FailureKind::Auth if no_token => format!(
+        let text = match (kind, http) {
+            (
+                FailureKind::Auth,
+                Some(HttpStatus {
+                    status: 401,
+                    sent: smart_http::Sent::Nothing,
+                }),
+            ) => format!(
                 "remote `{remote}` ({at}) asks for credentials and PROJECT_TOKEN is not set"
             ),
-            FailureKind::Auth if retry::http_status_in(detail) == Some(403) => format!(
+            (
+                FailureKind::Auth,
+                Some(HttpStatus {
+                    status: 401,
+                    sent: smart_http::Sent::UrlCredentials,
+                }),
+            ) => format!(
+                "remote `{remote}` ({at}) refused the credentials in its URL (HTTP 401, authentication failed): check them"
+            ),
+            (FailureKind::Auth, Some(HttpStatus { status: 403, .. })) => format!(
                 "remote `{remote}` ({at}) denied access (HTTP 403): PROJECT_TOKEN may not push to this repository"
             ),
-            FailureKind::Auth => format!(
+            (FailureKind::Auth, _) => format!(
                 "remote `{remote}` ({at}) refused PROJECT_TOKEN (HTTP 401, authentication failed): check the token"
             ),
-            FailureKind::Server => {
+            (FailureKind::Server, _) => {
                 format!("remote `{remote}` ({at}) had a server error: {detail}")
             }
-            FailureKind::Network => format!("cannot reach remote `{remote}` ({at}): {detail}"),
-            FailureKind::Rejected | FailureKind::NonFastForward | FailureKind::Local => {
+            (FailureKind::Network, _) => format!("cannot reach remote `{remote}` ({at}): {detail}"),
+            (
+                FailureKind::Rejected
+                | FailureKind::MissingObjects
+                | FailureKind::NonFastForward
+                | FailureKind::Local,
+                _,
+            ) => {
                 format!("push to remote `{remote}` ({at}) failed: {detail}")
             }
         };
         self.scrub(&text, url)
     }
-}
 
-impl Remote for GitRemote {
-    fn push(&self, head: Oid, dst: &str) -> Result<(), PushFailure> {
-        let repo = self.open()?;
-        let _marker = self.begin(&repo);
-        let remote = self.find_remote(&repo)?;
-        let url = remote
+    /// The remote's push URL, else its URL.
+    fn push_url(&self, repo: &Repository) -> Result<String, PushFailure> {
+        let remote = self.find_remote(repo)?;
+        Ok(remote
             .pushurl()
             .ok()
             .flatten()
             .or_else(|| remote.url().ok())
             .unwrap_or("")
-            .to_owned();
+            .to_owned())
+    }
+}
+
+impl Remote for GitRemote {
+    fn push(&self, head: Oid, dst: &str, pack: Pack) -> Result<(), PushFailure> {
+        let repo = self.open()?;
+        let _marker = self.begin(&repo);
+        let url = self.push_url(&repo)?;
         if is_http(&url) {
             let http = SmartHttp::new(
                 &crate::transport::client_settings(),
                 self.settings.token.clone(),
             );
-            let result = send_pack::send(&repo, &mut send_pack::Http::new(&http, &url), head, dst);
+            let mut conversation = send_pack::Http::new(&http, &url);
+            let result = send_pack::send(&repo, &mut conversation, head, dst, pack);
             self.sent(&url, result)?;
         } else {
-            let result = super::local::push(&repo, &self.local_path(&url), head, dst);
+            let result = super::local::push(&repo, &self.local_path(&url), head, dst, pack);
             self.sent(&url, result)?;
         }
         self.record(&repo, head, dst)
     }
 
-    fn fetch_branch_tip(&self) -> Result<Oid, PushFailure> {
+    /// A path remote is audited and repaired ([`super::local::repair`]). Over HTTP nothing is
+    /// done: receive-pack refuses a push that would leave its repository incomplete, so no
+    /// watcher could have left one so; one made incomplete some other way refuses the push
+    /// that needs what it lacks, and the refusal makes the next attempts send a larger pack.
+    /// The one way to ask an HTTP server whether it holds every object is to download them
+    /// all (an `upload-pack` of the whole history), a cost not worth paying at every start.
+    fn repair(&self) -> Result<(), PushFailure> {
+        let repo = self.open()?;
+        let url = self.push_url(&repo)?;
+        if is_http(&url) {
+            return Ok(());
+        }
+        let repaired = super::local::repair(&repo, &self.local_path(&url));
+        self.sent(&url, repaired.map(|_| Sent::UpToDate))
+    }
+
+    fn fetch_branch_tip(&self, branch: &str) -> Result<Oid, PushFailure> {
         let repo = self.open()?;
         let _marker = self.begin(&repo);
         let url = self.find_remote(&repo)?.url().unwrap_or("").to_owned();
-        let tip = crate::restore::fetch_branch(&repo, &self.settings).map_err(|e| match e {
-            crate::restore::RestoreError::Fetch { source, .. } => {
-                self.network_failure(&url, &source)
-            }
+        let settings = RemoteSettings {
+            branch: branch.to_owned(),
+            ..self.settings.clone()
+        };
+        let tip = crate::restore::fetch_branch(&repo, &settings).map_err(|e| match e {
+            crate::restore::RestoreError::Fetch { source, .. } => self.fetch_failure(&url, &source),
             other => PushFailure {
                 kind: FailureKind::Local,
                 message: other.to_string(),
@@ -253,20 +310,103 @@ impl Remote for GitRemote {
                 .unwrap_or(false)
     }
 
-    fn local_head(&self) -> Option<Oid> {
+    fn local_head(&self, branch: &str) -> Option<Oid> {
         let repo = self.open().ok()?;
-        repo.refname_to_id(&format!("refs/heads/{}", self.settings.branch))
-            .ok()
+        repo.refname_to_id(&format!("refs/heads/{branch}")).ok()
     }
 
-    fn unpushed_head(&self) -> Option<Oid> {
-        let local = self.local_head()?;
+    fn unpushed_head(&self) -> Option<Head> {
         let repo = self.open().ok()?;
-        let tracking = repo.refname_to_id(&self.tracking_ref()).ok();
-        (tracking != Some(local)).then_some(local)
+        let head = repo.head().ok().filter(|h| h.is_branch())?;
+        let branch = head.shorthand().ok()?.to_owned();
+        let local = head.target()?;
+        let tracking = repo.refname_to_id(&self.tracking_ref(&branch)).ok();
+        (tracking != Some(local)).then_some(Head { oid: local, branch })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::smart_http::Sent as Carried;
+
+    fn remote(token: Option<&str>) -> GitRemote {
+        GitRemote::new(RemoteSettings {
+            workdir: PathBuf::from("/nowhere"),
+            remote: "project".into(),
+            branch: "main".into(),
+            token: token.map(str::to_owned),
+        })
     }
 
-    fn branch(&self) -> &str {
-        &self.settings.branch
+    #[test]
+    fn an_auth_failure_is_worded_from_the_status_and_what_the_request_carried() {
+        let url = "https://h.example/r.git";
+        let said = |token, status, sent| {
+            let http = HttpStatus { status, sent };
+            remote(token).describe(FailureKind::Auth, url, &http.to_string(), Some(http))
+        };
+        assert!(
+            said(None, 401, Carried::Nothing)
+                .contains("asks for credentials and PROJECT_TOKEN is not set")
+        );
+        assert!(
+            said(Some("t0ken-value"), 401, Carried::Token)
+                .contains("refused PROJECT_TOKEN (HTTP 401")
+        );
+        // No token, but the URL carried credentials: those were refused, not a missing token.
+        assert!(
+            said(None, 401, Carried::UrlCredentials)
+                .contains("refused the credentials in its URL (HTTP 401")
+        );
+        assert!(
+            said(Some("t0ken-value"), 403, Carried::Token).contains("denied access (HTTP 403)")
+        );
+    }
+
+    #[test]
+    fn a_transport_failure_is_classified_from_the_status_it_holds() {
+        let r = remote(Some("t0ken-value"));
+        let url = "https://h.example/r.git";
+        let failure =
+            |error: std::io::Error| r.sent(url, Err(SendError::Transport(error))).unwrap_err();
+        let status = |status| {
+            std::io::Error::other(HttpStatus {
+                status,
+                sent: Carried::Token,
+            })
+        };
+        assert_eq!(failure(status(503)).kind, FailureKind::Server);
+        assert_eq!(failure(status(401)).kind, FailureKind::Auth);
+        assert_eq!(failure(status(404)).kind, FailureKind::Rejected);
+        // Words alone decide nothing: a message that looks like a status is a network error.
+        let lookalike = std::io::Error::other("unexpected http status code: 401");
+        assert_eq!(failure(lookalike).kind, FailureKind::Network);
+        let timeout = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        assert_eq!(failure(timeout).kind, FailureKind::Network);
+        assert_eq!(
+            r.sent(
+                url,
+                Err(SendError::Refused {
+                    refname: "refs/heads/main".into(),
+                    reason: "missing necessary objects".into(),
+                    said: String::new(),
+                })
+            )
+            .unwrap_err()
+            .kind,
+            FailureKind::MissingObjects
+        );
+        assert_eq!(
+            r.sent(
+                url,
+                Err(SendError::Unpack {
+                    said: "index-pack abnormal exit".into()
+                })
+            )
+            .unwrap_err()
+            .kind,
+            FailureKind::MissingObjects
+        );
     }
 }

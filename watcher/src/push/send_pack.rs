@@ -1,8 +1,9 @@
 //! The watcher's receive-pack client, as git's `send-pack.c` speaks it: the advertisement (the
 //! refs and capabilities), then one command (`old new ref`, capabilities after a NUL), a flush
 //! and the pack, and the report-status read back (plain or inside side-band-64k: band 2 is
-//! what the server said, band 3 a fatal error). The pack holds only what [`super::objects`]
-//! finds: the new commits and what they changed.
+//! what the server said, band 3 a fatal error). The pack holds what [`super::objects`] finds
+//! for the kind of pack asked for: the new commits and what they changed, or after a refusal
+//! for missing objects a full pack.
 //!
 //! Two conversations carry it. [`Http`], as git's `remote-curl.c`: `GET
 //! info/refs?service=git-receive-pack`, then `POST git-receive-pack`, both through
@@ -19,6 +20,7 @@ use git_wire::report_status::{RefUpdate, ReportParser, ReportState};
 use git2::Oid;
 use git2::transport::{Service, SmartSubtransport, SmartSubtransportStream};
 
+use super::objects::{self, Pack};
 use crate::smart_http::SmartHttp;
 
 /// The most advertisement bytes read: thousands of refs fit; more is not a server we push to.
@@ -29,8 +31,8 @@ const ZERO_OID: &str = "0000000000000000000000000000000000000000";
 /// Why a push did not land. No variant holds a credential.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SendError {
-    /// The connection or the HTTP exchange failed; the text is worded as libgit2's transport
-    /// words it (`unexpected http status code: 401`, `timed out`), for [`crate::retry`].
+    /// The connection or the HTTP exchange failed. An HTTP status is inside as a
+    /// [`crate::smart_http::HttpStatus`] (see [`crate::smart_http::HttpStatus::of`]).
     #[error("{0}")]
     Transport(io::Error),
     /// The remote ref holds a commit the head does not contain: pushing would lose it.
@@ -48,6 +50,12 @@ pub(crate) enum SendError {
     /// The server could not store the pack.
     #[error("the server could not unpack the pack{}", remote_said(said))]
     Unpack { said: String },
+    /// A remote on this machine would not hold every object the new tip reaches (the
+    /// connectivity check): nothing was moved.
+    #[error(
+        "the push lacks {missing} object(s) the new tip reaches (first: {example}); the ref was not moved"
+    )]
+    Incomplete { missing: usize, example: String },
     /// The server ended the exchange with a fatal error on side-band 3.
     #[error("the server failed: {0}")]
     Fatal(String),
@@ -99,12 +107,14 @@ pub(crate) trait Conversation {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
 }
 
-/// Pushes `head` to `dst` (a full ref name) over `conversation`, never forcing.
+/// Pushes `head` to `dst` (a full ref name) over `conversation`, never forcing, with a pack
+/// of `pack`'s kind.
 pub(crate) fn send(
     repo: &git2::Repository,
     conversation: &mut dyn Conversation,
     head: Oid,
     dst: &str,
+    pack: Pack,
 ) -> Result<Sent, SendError> {
     let advertisement = conversation.advertisement()?;
     let old = advertisement.oid_of(dst).unwrap_or(ZERO_OID).to_owned();
@@ -120,12 +130,8 @@ pub(crate) fn send(
         .iter()
         .filter_map(|(oid, _)| Oid::from_str(oid).ok())
         .collect();
-    let objects = super::objects::new_objects(repo, head, hidden).map_err(SendError::Local)?;
-    let mut pack = repo.packbuilder().map_err(SendError::Local)?;
-    pack.set_threads(1);
-    for oid in &objects {
-        pack.insert_object(*oid, None).map_err(SendError::Local)?;
-    }
+    let mut pack = objects::build(repo, head, &hidden, pack).map_err(SendError::Local)?;
+    let objects = pack.object_count();
 
     let capabilities = capabilities(&advertisement);
     let sideband = capabilities.contains("side-band-64k");
@@ -161,9 +167,7 @@ pub(crate) fn send(
     let report = match parser.state() {
         ReportState::Done(report) => report,
         ReportState::Reading if !report_status => {
-            return Ok(Sent::Updated {
-                objects: objects.len(),
-            });
+            return Ok(Sent::Updated { objects });
         }
         ReportState::Reading => {
             return Err(SendError::Transport(io::Error::new(
@@ -195,9 +199,7 @@ pub(crate) fn send(
             "the report does not mention {dst}"
         )));
     }
-    Ok(Sent::Updated {
-        objects: objects.len(),
-    })
+    Ok(Sent::Updated { objects })
 }
 
 /// Whether moving `dst` from `old` (none: it does not exist) to `head` is a fast-forward, as

@@ -1,9 +1,14 @@
-//! Shared harness of the reliability suite: a project with a remote, the real
-//! `project-watcher` binary started, killed and restarted, and the checks every case ends with
-//! (the remote holds the working tree, `git fsck` is clean, the daemon idles).
+//! The watcher's test harness, shared by every integration test: here, a project with a
+//! remote, the real `project-watcher` binary started, killed and restarted, and the checks
+//! every reliability case ends with (the remote holds the working tree, `git fsck` is clean,
+//! the daemon idles); in [`in_process`], a repository without a remote and the daemon run on a
+//! thread of the test process.
 
 #![allow(dead_code)] // each test binary uses its own part of the harness
 
+pub mod in_process;
+
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,10 +18,8 @@ use std::time::{Duration, Instant};
 use project_watcher::status::{self, State, Status};
 use testkit::git::{command, git, git_output, hermetic_env, init_bare, init_repo, tree_of};
 use testkit::git_server::GitServer;
+pub use testkit::wait::PATIENCE;
 use testkit::wait::{until, until_seen};
-
-/// Generous: other builds and tests share the machine's two cores.
-pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A number from the environment (the soak raises them), or the short-run default.
 pub fn knob(name: &str, default: u64) -> u64 {
@@ -111,8 +114,13 @@ impl Project {
         }
     }
 
+    /// The repository's git directory (a linked worktree's `.git` file names it).
     pub fn git_dir(&self) -> PathBuf {
-        self.work.join(".git")
+        let dot_git = self.work.join(".git");
+        match fs::read_to_string(&dot_git) {
+            Ok(text) => PathBuf::from(text.trim().trim_start_matches("gitdir: ")),
+            Err(_) => dot_git,
+        }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -317,10 +325,10 @@ impl Project {
         walk(&self.work)
     }
 
-    /// `git fsck --strict` in the working repository and the remote both pass.
+    /// `git fsck --full --strict` in the working repository and the remote both pass.
     pub fn assert_fsck_clean(&self) {
         for dir in [&self.work, &self.bare] {
-            let out = git_output(dir, ["fsck", "--strict", "--no-progress"]);
+            let out = git_output(dir, ["fsck", "--full", "--strict", "--no-progress"]);
             let text = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
@@ -417,6 +425,35 @@ impl Watcher {
         let before = self.cpu_seconds();
         std::thread::sleep(window);
         self.cpu_seconds() - before
+    }
+
+    /// How many times the watcher's threads were scheduled over `window` (context switches,
+    /// voluntary or not, of every thread alive at its end): 0 for a watcher that no timer
+    /// wakes.
+    pub fn wakeups_over(&self, window: Duration) -> u64 {
+        let before = self.context_switches();
+        std::thread::sleep(window);
+        self.context_switches()
+            .iter()
+            .map(|(tid, n)| n - before.get(tid).copied().unwrap_or(0))
+            .sum()
+    }
+
+    fn context_switches(&self) -> BTreeMap<u32, u64> {
+        let tasks = fs::read_dir(format!("/proc/{}/task", self.child.id())).unwrap();
+        tasks
+            .flatten()
+            .filter_map(|task| {
+                let tid = task.file_name().to_str()?.parse().ok()?;
+                let status = fs::read_to_string(task.path().join("status")).ok()?;
+                let switches = status
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches:"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .sum();
+                Some((tid, switches))
+            })
+            .collect()
     }
 }
 

@@ -16,46 +16,60 @@
 //!
 //! The `Index` lives in memory between batches and is the stat cache; the new tree is the
 //! previous one plus the paths this batch touched (`TreeUpdateBuilder`: only the trees on those
-//! paths are read and written). The index file is written off the critical path
-//! ([`Stager::write_index`]: when the watcher is quiet, and at stop). Whenever the file is not
-//! what the watcher last read or wrote (a `git` command, `restore`, `sync`, a kill before the
-//! write), it is read again and wins: the paths the watcher changed in memory but never wrote
-//! are staged again on top of it, as `git add -A` on those paths would.
+//! paths are read and written). The index file is written by [`Stager::write_index`]: by the
+//! save before it moves `HEAD`, else when the watcher is quiet, and at stop. Whenever the file
+//! is not what the watcher last read or wrote (a `git` command, `restore`, `sync`, a kill
+//! before the write), it is read again and wins: the paths the watcher changed in memory but
+//! never wrote, and those whose entries the other writer changed, are staged again on top of
+//! it, as `git add -A` on those paths would.
+//!
+//! The parts: [`decide`] says what `git add -A` does with one path (pure), [`index_file`]
+//! knows whether `.git/index` is still the watcher's, [`tree`] builds the tree, [`content`]
+//! hashes what libgit2 cannot filter itself; this module walks and keeps the in-memory index.
+
+mod content;
+mod decide;
+mod index_file;
+mod tree;
 
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, Metadata};
 use std::hash::BuildHasher;
-use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use git2::build::TreeUpdateBuilder;
-use git2::{FileMode, Index, IndexEntry, IndexEntryExtendedFlag, IndexEntryFlag, Oid, Repository};
+use git2::{Index, IndexEntry, Oid, Repository};
 use tokio::sync::watch;
 
 use crate::changes::Changes;
 use crate::filter::{self, Filter, TrackedIgnored};
 use crate::scan::{self, DirInIndex, Dirs, Entries, EntryKind};
 use crate::sparse;
+use content::Filters;
+use decide::{Action, GITLINK_MODE, Held, OnDisk, Via, is_frozen, is_intent_to_add};
+pub(crate) use index_file::OwnIndex;
+use index_file::{IndexFile, stat_matches};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
     /// The index could not be read or written (locked by a live git command, disk full):
     /// the batch is kept and tried again.
-    #[error("cannot update the git index in {dir}: {source}")]
+    #[error("cannot update the git index in {}: {}", .dir.display(), .source.message())]
     Index { dir: PathBuf, source: git2::Error },
     /// A readable file could not be stored (disk full, read-only `.git`): the batch is kept
     /// and tried again, never committed without it.
-    #[error("cannot store {path} in the git object database of {dir}: {source}")]
+    #[error("cannot store {path} in the git object database of {}: {}", .dir.display(), .source.message())]
     Store {
         dir: PathBuf,
         path: PathBuf,
         source: git2::Error,
     },
+    /// The index holds unmerged entries (a conflict the user resolves): nothing is staged.
+    #[error("the git index in {dir} has unmerged paths")]
+    Unmerged { dir: PathBuf },
 }
 
 /// A file left out of the commits, with its size in bytes.
@@ -70,9 +84,7 @@ pub struct Stager {
     skipped: Skipped,
     /// The index file as the watcher last read or wrote it; anything else there is someone
     /// else's write, which is read again.
-    on_disk: Option<FileStamp>,
-    /// When the index file was last written (seconds, nanoseconds), for git's racy check.
-    index_written: Option<(i64, i64)>,
+    index_file: IndexFile,
     /// The tree the in-memory index described at the last save, when known: the in-memory
     /// index is always this tree plus `touched`.
     tree: Option<Oid>,
@@ -88,10 +100,8 @@ pub struct Stager {
     tracked_ignored: TrackedIgnored,
     /// Each new set of them goes to the watch stage, which watches their directories.
     tracked_ignored_tx: watch::Sender<Arc<TrackedIgnored>>,
-    /// For attribute lookups ([`Stager::needs_git`]).
-    attrs: Option<Repository>,
-    /// Filter drivers configured with a `clean` or `process` command, re-read each batch.
-    drivers: Vec<String>,
+    /// Which paths git converts with what libgit2 does not run.
+    filters: Filters,
 }
 
 impl Stager {
@@ -101,9 +111,9 @@ impl Stager {
         rules: Arc<Filter>,
         tracked_ignored_tx: watch::Sender<Arc<TrackedIgnored>>,
         max_file_size: u64,
+        own_index: OwnIndex,
     ) -> Result<Self, StageError> {
-        let on_disk = repo.path().join("index");
-        let on_disk = FileStamp::of(&on_disk);
+        let index_file = IndexFile::new(repo.path().join("index"), own_index);
         let mut index = match repo.index() {
             Ok(index) => Ok(index),
             Err(e) if sparse::expand(workdir) => repo.index().map_err(|_| e),
@@ -113,20 +123,14 @@ impl Stager {
             dir: workdir.to_owned(),
             source,
         })?;
-        // Attribute lookups that fall back to the index (`.gitattributes` not on disk) see the
-        // index being staged, as git's do, rather than the file as it was at their first use,
-        // which they would read a second time (10 MB at 100k files: a third of the first edit).
-        let attrs = Repository::open(workdir)
-            .ok()
-            .filter(|attrs| attrs.set_index(&mut index).is_ok());
+        let filters = Filters::new(workdir, &mut index, repo);
         Ok(Self {
             workdir: workdir.to_owned(),
             index,
             rules,
             max_file_size,
             skipped: Skipped::new(),
-            index_written: on_disk.as_ref().map(|s| s.mtime),
-            on_disk,
+            index_file,
             tree: None,
             touched: BTreeSet::new(),
             unwritten: BTreeSet::new(),
@@ -134,8 +138,7 @@ impl Stager {
             tracked_ignored_found: Vec::new(),
             tracked_ignored: TrackedIgnored::default(),
             tracked_ignored_tx,
-            attrs,
-            drivers: Vec::new(),
+            filters,
         })
     }
 
@@ -161,12 +164,17 @@ impl Stager {
         walker: Option<&mut dyn Dirs>,
     ) -> Result<Oid, StageError> {
         let again = self.read_if_written_elsewhere()?;
-        if self.tree.is_none() && !self.index.has_conflicts() {
+        if self.index.has_conflicts() {
+            return Err(StageError::Unmerged {
+                dir: self.workdir.clone(),
+            });
+        }
+        if self.tree.is_none() {
             // The index's own tree cache (git keeps it whole) makes this cheap; the batch is
             // then built on it as on any saved tree.
             self.tree = self.index.write_tree().ok();
         }
-        self.drivers = self.filter_drivers();
+        self.filters.reload(&mut self.index, repo);
         if let Some(rules) = &changes.rules {
             self.rules = Arc::clone(&rules.filter);
         }
@@ -177,6 +185,13 @@ impl Stager {
             None => &mut snapshot,
         };
         let (subtrees, paths) = changes.minimal();
+        self.remove_gone_attributes(
+            &subtrees,
+            paths
+                .iter()
+                .copied()
+                .chain(again.iter().map(PathBuf::as_path)),
+        );
         for dir in subtrees {
             self.stage_subtree(dir, dirs);
         }
@@ -198,10 +213,13 @@ impl Stager {
                 source,
             });
         }
-        let tree = self.build_tree(repo).map_err(|source| StageError::Index {
-            dir: self.workdir.clone(),
-            source,
-        })?;
+        let tree =
+            tree::build(repo, &mut self.index, self.tree, &self.touched).map_err(|source| {
+                StageError::Index {
+                    dir: self.workdir.clone(),
+                    source,
+                }
+            })?;
         self.tree = Some(tree);
         self.touched.clear();
         Ok(tree)
@@ -220,7 +238,7 @@ impl Stager {
         if self.unwritten.is_empty() {
             return Ok(false);
         }
-        if self.written_elsewhere() {
+        if self.index_file.written_elsewhere() {
             self.stage(repo, &Changes::default(), None)?;
         }
         let err = |source| StageError::Index {
@@ -233,74 +251,32 @@ impl Stager {
         if self.touched.is_empty() {
             self.tree = Some(tree);
         }
-        self.index.write().map_err(err)?;
-        self.on_disk = self.index.path().and_then(FileStamp::of);
-        self.index_written = self.on_disk.as_ref().map(|s| s.mtime);
+        self.index_file.write(&mut self.index).map_err(err)?;
         self.unwritten.clear();
         Ok(true)
     }
 
-    /// The index file is not what the watcher last read or wrote.
-    fn written_elsewhere(&self) -> bool {
-        self.index.path().and_then(FileStamp::of) != self.on_disk
-    }
-
     /// Reads the index file again when someone else wrote it (their index wins) and returns
-    /// the paths the watcher had changed in memory and never written, to be staged again.
+    /// the paths to stage again on top of it, as `git add -A` run now would: those the
+    /// watcher had changed in memory and never written, and those whose entry the other
+    /// writer changed (a `git reset HEAD~1`, a `git rm --cached`, a checkout), which the disk
+    /// may hold otherwise.
     fn read_if_written_elsewhere(&mut self) -> Result<Vec<PathBuf>, StageError> {
-        let err = |source| StageError::Index {
-            dir: self.workdir.clone(),
-            source,
-        };
-        let path = self.index.path().map(Path::to_owned);
-        let stamp = path.as_deref().and_then(FileStamp::of);
-        if stamp != self.on_disk {
-            // Stamped before reading: a write racing the read shows as a change next time.
-            if let Err(e) = self.index.read(true) {
-                // A sparse index (`sdir`) is something libgit2 cannot read: have git write
-                // the same index in full, then read again.
-                if !sparse::expand(&self.workdir) {
-                    return Err(err(e));
-                }
-                self.on_disk = path.as_deref().and_then(FileStamp::of);
-                self.index.read(true).map_err(err)?;
-            } else {
-                self.on_disk = stamp;
-            }
-            self.index_written = self.on_disk.as_ref().map(|s| s.mtime);
-            self.tree = None;
-            self.touched.clear();
-            return Ok(std::mem::take(&mut self.unwritten).into_iter().collect());
+        if !self.index_file.written_elsewhere() {
+            return Ok(Vec::new());
         }
-        Ok(Vec::new())
-    }
-
-    /// The tree of the in-memory index: the last save's tree with the touched paths updated
-    /// (only the trees on those paths are read and written), or, when that tree is unknown
-    /// (the index was just read) or the update cannot be made that way (a file became a
-    /// directory, conflicts), libgit2's full `write_tree`.
-    fn build_tree(&mut self, repo: &Repository) -> Result<Oid, git2::Error> {
-        if let Some(base) = self.tree
-            && !self.index.has_conflicts()
-            && let Ok(base) = repo.find_tree(base)
-        {
-            let mut update = TreeUpdateBuilder::new();
-            for path in &self.touched {
-                match self.index.get_path(path, 0) {
-                    Some(entry) => {
-                        update.upsert(path.as_os_str().as_bytes(), entry.id, file_mode(entry.mode));
-                    }
-                    None if base.get_path(path).is_ok() => {
-                        update.remove(path.as_os_str().as_bytes());
-                    }
-                    None => {}
-                }
-            }
-            if let Ok(tree) = update.create_updated(repo, &base) {
-                return Ok(tree);
-            }
-        }
-        self.index.write_tree()
+        let before = entry_ids(&self.index);
+        self.index_file
+            .read(&mut self.index, &self.workdir)
+            .map_err(|source| StageError::Index {
+                dir: self.workdir.clone(),
+                source,
+            })?;
+        let mut again = std::mem::take(&mut self.unwritten);
+        again.extend(changed_entries(before, entry_ids(&self.index)));
+        self.tree = None;
+        self.touched.clear();
+        Ok(again.into_iter().collect())
     }
 
     /// Records that the index entry of `rel` changed.
@@ -317,40 +293,52 @@ impl Stager {
         if held == Held::Frozen {
             return;
         }
-        let abs = self.workdir.join(rel);
-        let meta = match fs::symlink_metadata(&abs) {
-            Ok(meta) => Some(meta),
-            Err(e) if is_gone(&e) => None,
-            Err(e) => {
-                tracing::warn!(path = %rel.display(), "cannot inspect, the saved version is kept: {e}");
-                return;
-            }
-        };
-        if meta.as_ref().is_some_and(Metadata::is_dir) {
-            return match held {
-                Held::Gitlink => self.stage_gitlink(rel),
-                _ => self.stage_subtree(rel, dirs),
-            };
-        }
+        let lstat = fs::symlink_metadata(self.workdir.join(rel));
         let filter = dirs.rules();
         let kept = filter.is_kept(rel, false) && !filter.outside_sparse(rel, false);
-        // Tracked files stay tracked and are updated even when an ignore rule matches them.
-        let tracked = held != Held::No && !filter::is_always_ignored(rel);
-        match meta {
-            Some(meta)
-                if (kept || tracked)
-                    && (meta.file_type().is_file() || meta.file_type().is_symlink()) =>
-            {
-                self.add_file(rel, &meta, false);
-            }
-            _ => self.remove(rel),
+        let always_ignored = filter::is_always_ignored(rel);
+        match decide::decide(Via::Changed, held, OnDisk::of(&lstat), kept, always_ignored) {
+            Action::Leave => return,
+            Action::KeepSaved => return warn_unreadable(rel, &lstat),
+            Action::Gitlink => return self.stage_gitlink(rel),
+            Action::Walk => return self.stage_subtree(rel, dirs),
+            Action::Add => self.add_file(rel, lstat.as_ref().expect("a file"), false),
+            Action::Remove => self.remove(rel),
         }
-        if tracked || self.tracked_ignored.holds(rel) {
+        if decide::is_tracked(held, always_ignored) || self.tracked_ignored.holds(rel) {
             let still = !kept && self.index_has(rel);
             self.tracked_ignored_found.push((
                 rel.to_owned(),
                 still.then(|| rel.to_owned()).into_iter().collect(),
             ));
+        }
+    }
+
+    /// Tracked `.gitattributes` files gone from the disk leave the index before anything is
+    /// hashed, so that no file of this batch is converted by them: git's `add -A` removes
+    /// them in index order, where `.gitattributes` comes before the names people use, and
+    /// reads attributes from the index only for a file that is not on disk.
+    fn remove_gone_attributes<'p>(
+        &mut self,
+        subtrees: &[&Path],
+        paths: impl Iterator<Item = &'p Path>,
+    ) {
+        let is_attributes = |p: &Path| p.file_name() == Some(OsStr::new(".gitattributes"));
+        let mut gone: Vec<PathBuf> = paths
+            .filter(|p| is_attributes(p))
+            .map(Path::to_owned)
+            .collect();
+        for dir in subtrees {
+            gone.extend(self.entries_under_where(dir, is_attributes));
+        }
+        for path in gone {
+            let missing = matches!(
+                fs::symlink_metadata(self.workdir.join(&path)),
+                Err(e) if decide::is_gone(&e)
+            );
+            if missing {
+                self.remove_entry(&path);
+            }
         }
     }
 
@@ -438,30 +426,26 @@ impl Stager {
         if held == Held::Frozen {
             return;
         }
-        if filter::is_always_ignored(rel) {
-            return self.remove_entry(rel);
-        }
-        match fs::symlink_metadata(self.workdir.join(rel)) {
-            Ok(meta) if meta.file_type().is_file() || meta.file_type().is_symlink() => {
-                self.add_file(rel, &meta, true);
-            }
-            Ok(meta) if meta.is_dir() && held == Held::Gitlink => self.stage_gitlink(rel),
-            Ok(_) => self.remove_entry(rel),
-            Err(e) if is_gone(&e) => self.remove_entry(rel),
-            Err(e) => {
-                tracing::warn!(path = %rel.display(), "cannot inspect, the saved version is kept: {e}");
-            }
+        let always_ignored = filter::is_always_ignored(rel);
+        let lstat = fs::symlink_metadata(self.workdir.join(rel));
+        match decide::decide(
+            Via::Unreached,
+            held,
+            OnDisk::of(&lstat),
+            false,
+            always_ignored,
+        ) {
+            Action::Leave => {}
+            Action::KeepSaved => warn_unreadable(rel, &lstat),
+            Action::Add => self.add_file(rel, lstat.as_ref().expect("a file"), true),
+            Action::Gitlink => self.stage_gitlink(rel),
+            Action::Walk | Action::Remove => self.remove_entry(rel),
         }
     }
 
     /// How the index holds `rel`.
     fn held(&self, rel: &Path) -> Held {
-        match self.index.get_path(rel, 0) {
-            None => Held::No,
-            Some(entry) if is_frozen(&entry) => Held::Frozen,
-            Some(entry) if entry.mode == GITLINK_MODE => Held::Gitlink,
-            Some(_) => Held::File,
-        }
+        Held::of(self.index.get_path(rel, 0).as_ref())
     }
 
     fn index_has(&self, rel: &Path) -> bool {
@@ -575,19 +559,22 @@ impl Stager {
         self.skipped.remove(rel);
         if skip_unchanged
             && entry.is_some_and(|entry| !is_intent_to_add(&entry) && stat_matches(&entry, meta))
-            && self.modified_before_the_index(meta)
+            && self.index_file.modified_before(meta)
         {
             return;
         }
         self.clear_the_way(rel);
+        let indexed = self.index.get_path(rel, 0).map(|e| e.id);
+        // A symbolic link's blob is its target, which no filter touches.
+        let git_hashes = meta.is_file() && self.filters.needs_git(rel, indexed);
         match self.index.add_path(rel) {
-            Ok(()) if self.needs_git(rel) => {
+            Ok(()) if git_hashes => {
                 self.touch(rel);
                 self.hash_with_git(rel);
             }
             Ok(()) => self.touch(rel),
             // A readable file the file system refused to store: the whole batch waits for it.
-            Err(e) if is_store_failure(&e, &self.workdir.join(rel), meta) => {
+            Err(e) if content::is_store_failure(&e, &self.workdir.join(rel), meta) => {
                 self.store_failure.get_or_insert((rel.to_owned(), e));
             }
             Err(e) => tracing::warn!(
@@ -598,80 +585,13 @@ impl Stager {
         }
     }
 
-    /// Filter drivers with a `clean` or `process` command in the repository's configuration.
-    fn filter_drivers(&self) -> Vec<String> {
-        let Some(mut config) = self.attrs.as_ref().and_then(|r| r.config().ok()) else {
-            return Vec::new();
-        };
-        let Ok(config) = config.snapshot() else {
-            return Vec::new();
-        };
-        let Ok(entries) = config.entries(Some(r"^filter\..*\.(clean|process)$")) else {
-            return Vec::new();
-        };
-        let mut drivers = Vec::new();
-        let _ = entries.for_each(|entry| {
-            if let Some((driver, _)) = entry
-                .name()
-                .ok()
-                .and_then(|n| n.strip_prefix("filter."))
-                .and_then(|n| n.rsplit_once('.'))
-            {
-                drivers.push(driver.to_owned());
-            }
-        });
-        drivers
-    }
-
-    /// Whether git converts this path with something libgit2 does not run: a filter driver's
-    /// command (git-lfs is one) or `working-tree-encoding`.
-    fn needs_git(&self, rel: &Path) -> bool {
-        let Some(repo) = &self.attrs else {
-            return false;
-        };
-        let flags = git2::AttrCheckFlags::FILE_THEN_INDEX;
-        let attr = |name: &str| match git2::AttrValue::from_string(
-            repo.get_attr(rel, name, flags).ok().flatten(),
-        ) {
-            git2::AttrValue::String(value) => Some(value.to_owned()),
-            _ => None,
-        };
-        // With no driver configured, no `filter` attribute can name one: one lookup, not two.
-        attr("working-tree-encoding").is_some()
-            || (!self.drivers.is_empty()
-                && attr("filter").is_some_and(|driver| self.drivers.contains(&driver)))
-    }
-
-    /// Stores what `git hash-object` stores for this path (it runs the filters git would) as
-    /// the entry's content. If git cannot, the raw bytes stay, with a warning naming the path.
+    /// Stores what `git hash-object` stores for this path as the entry's content. If git
+    /// cannot, the raw bytes stay (with a warning naming the path).
     fn hash_with_git(&mut self, rel: &Path) {
-        let output = std::process::Command::new("git")
-            .arg("-C")
-            .arg(&self.workdir)
-            .args(["hash-object", "-w", "--"])
-            .arg(rel)
-            .output();
-        let id = match output {
-            Ok(out) if out.status.success() => {
-                Oid::from_str(String::from_utf8_lossy(&out.stdout).trim()).ok()
-            }
-            Ok(out) => {
-                tracing::warn!(
-                    path = %rel.display(),
-                    "git could not run the content filter for this file, its raw bytes are saved: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                tracing::warn!(
-                    path = %rel.display(),
-                    "this file needs git's content filters and git could not run, its raw bytes are saved: {e}"
-                );
-                None
-            }
+        let Some(id) = content::hash_with_git(&self.workdir, rel) else {
+            return;
         };
-        if let (Some(id), Some(mut entry)) = (id, self.index.get_path(rel, 0)) {
+        if let Some(mut entry) = self.index.get_path(rel, 0) {
             entry.id = id;
             if let Err(e) = self.index.add(&entry) {
                 tracing::warn!(path = %rel.display(), "cannot store the filtered content, its raw bytes are saved: {}", e.message());
@@ -683,7 +603,7 @@ impl Stager {
     /// Without a commit `git add -A` refuses the whole add; here only that directory is left out.
     fn add_nested_repo(&mut self, rel: &Path) {
         self.clear_the_way(rel);
-        match self.index.add_path(rel) {
+        match self.add_gitlink(rel) {
             Ok(()) => self.touch(rel),
             Err(e) => tracing::warn!(
                 path = %rel.display(),
@@ -693,13 +613,47 @@ impl Stager {
         }
     }
 
+    /// The gitlink entry of the repository at `rel`: its `HEAD` commit, with the directory's
+    /// stat data, as git's `add_to_index` makes it (built here: libgit2's `add_path` looks the
+    /// path up as a submodule, through a configuration key that cannot hold every name, one
+    /// with a newline for one).
+    fn add_gitlink(&mut self, rel: &Path) -> Result<(), git2::Error> {
+        use std::os::unix::fs::MetadataExt;
+        let abs = self.workdir.join(rel);
+        let nested = Repository::open_ext(
+            &abs,
+            git2::RepositoryOpenFlags::NO_SEARCH,
+            std::iter::empty::<&std::ffi::OsStr>(),
+        )?;
+        let id = nested
+            .head()?
+            .target()
+            .ok_or_else(|| git2::Error::from_str("HEAD names no commit"))?;
+        let meta = fs::symlink_metadata(&abs).map_err(|e| git2::Error::from_str(&e.to_string()))?;
+        let time = |secs: i64, nanos: i64| git2::IndexTime::new(secs as i32, nanos as u32);
+        self.index.add(&IndexEntry {
+            ctime: time(meta.ctime(), meta.ctime_nsec()),
+            mtime: time(meta.mtime(), meta.mtime_nsec()),
+            dev: meta.dev() as u32,
+            ino: meta.ino() as u32,
+            mode: GITLINK_MODE,
+            uid: meta.uid(),
+            gid: meta.gid(),
+            file_size: 0,
+            id,
+            flags: 0,
+            flags_extended: 0,
+            path: rel.as_os_str().as_bytes().to_vec(),
+        })
+    }
+
     /// A gitlink the index holds: moved to the submodule's `HEAD` when it is checked out; kept
     /// as it is when not (a clone without `--recursive`, a restore), as git keeps it.
     fn stage_gitlink(&mut self, rel: &Path) {
         if !scan::is_nested_repo(&self.workdir.join(rel)) {
             return;
         }
-        match self.index.add_path(rel) {
+        match self.add_gitlink(rel) {
             Ok(()) => self.touch(rel),
             Err(e) => tracing::warn!(
                 path = %rel.display(),
@@ -707,17 +661,6 @@ impl Stager {
                 e.message()
             ),
         }
-    }
-
-    /// Git's "racily clean" rule: a file modified in the same clock tick as the index was
-    /// written may have changed without its stat data showing it, so only files modified
-    /// strictly before the index may skip hashing. The tick is a whole second, as git built
-    /// without `USE_NSEC` (the common build) counts it: a file written in the index's second
-    /// is hashed again by git, so it is here too (with changed attributes, that gives a new
-    /// blob).
-    fn modified_before_the_index(&self, meta: &Metadata) -> bool {
-        self.index_written
-            .is_some_and(|(seconds, _)| meta.mtime() < seconds)
     }
 
     /// A file where a directory was (or the other way round) must not leave the old entries
@@ -818,100 +761,52 @@ impl Entries for Found<'_> {
     }
 }
 
-/// How the index holds one path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    No,
-    /// skip-worktree (sparse checkouts) or assume-unchanged: git leaves the entry as it is.
-    Frozen,
-    /// A submodule.
-    Gitlink,
-    /// A file or a symlink.
-    File,
+/// Each entry of `index` as `(path, stage, mode, id)`, in the index's order.
+fn entry_ids(index: &Index) -> Vec<(Vec<u8>, u16, u32, Oid)> {
+    index
+        .iter()
+        .map(|e| (e.path, (e.flags >> 12) & 3, e.mode, e.id))
+        .collect()
 }
 
-const GITLINK_MODE: u32 = 0o160000;
-
-fn is_frozen(entry: &IndexEntry) -> bool {
-    entry.flags & IndexEntryFlag::VALID.bits() != 0
-        || entry.flags_extended & IndexEntryExtendedFlag::SKIP_WORKTREE.bits() != 0
-}
-
-/// `git add -N`: an entry with no content yet, always hashed.
-fn is_intent_to_add(entry: &IndexEntry) -> bool {
-    entry.flags_extended & IndexEntryExtendedFlag::INTENT_TO_ADD.bits() != 0
-}
-
-/// Disk full, read-only `.git`, ...: not the file's fault (it is readable), and not a path
-/// git refuses (those are left out with a warning, or they would block every later save).
-fn is_store_failure(e: &git2::Error, abs: &Path, meta: &Metadata) -> bool {
-    matches!(
-        e.class(),
-        git2::ErrorClass::Os | git2::ErrorClass::Odb | git2::ErrorClass::Filesystem
-    ) && (!meta.is_file() || fs::File::open(abs).is_ok())
-}
-
-fn is_gone(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-    )
-}
-
-/// Git's own shortcut: an entry whose stat data still matches the file is not hashed again.
-fn stat_matches(entry: &IndexEntry, meta: &Metadata) -> bool {
-    let mode = if meta.file_type().is_symlink() {
-        0o120000
-    } else if meta.mode() & 0o111 != 0 {
-        0o100755
-    } else {
-        0o100644
-    };
-    entry.mode == mode
-        && entry.file_size == meta.size() as u32
-        && entry.ino == meta.ino() as u32
-        && entry.mtime.seconds() == meta.mtime() as i32
-        && entry.mtime.nanoseconds() == meta.mtime_nsec() as u32
-        && entry.ctime.seconds() == meta.ctime() as i32
-        && entry.ctime.nanoseconds() == meta.ctime_nsec() as u32
-}
-
-/// What identifies one version of the index file: git replaces it by rename (a new inode),
-/// and its last 20 bytes are the checksum of its content.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct FileStamp {
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-    checksum: [u8; 20],
-}
-
-impl FileStamp {
-    fn of(path: &Path) -> Option<Self> {
-        let mut file = fs::File::open(path).ok()?;
-        let meta = file.metadata().ok()?;
-        let mut checksum = [0; 20];
-        if meta.len() >= 20 {
-            file.seek(SeekFrom::End(-20)).ok()?;
-            file.read_exact(&mut checksum).ok()?;
+/// The paths whose entries differ between two lists of [`entry_ids`].
+fn changed_entries(
+    before: Vec<(Vec<u8>, u16, u32, Oid)>,
+    after: Vec<(Vec<u8>, u16, u32, Oid)>,
+) -> BTreeSet<PathBuf> {
+    let path = |bytes: Vec<u8>| PathBuf::from(std::ffi::OsString::from_vec(bytes));
+    let (mut before, mut after) = (before.into_iter().peekable(), after.into_iter().peekable());
+    let mut changed = BTreeSet::new();
+    loop {
+        let order = match (before.peek(), after.peek()) {
+            (None, None) => return changed,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some(b), Some(a)) => (&b.0, b.1).cmp(&(&a.0, a.1)),
+        };
+        match order {
+            std::cmp::Ordering::Less => {
+                changed.insert(path(before.next().expect("peeked").0));
+            }
+            std::cmp::Ordering::Greater => {
+                changed.insert(path(after.next().expect("peeked").0));
+            }
+            std::cmp::Ordering::Equal => {
+                let (b, a) = (
+                    before.next().expect("peeked"),
+                    after.next().expect("peeked"),
+                );
+                if (b.2, b.3) != (a.2, a.3) {
+                    changed.insert(path(a.0));
+                }
+            }
         }
-        Some(Self {
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-            checksum,
-        })
     }
 }
 
-/// The tree entry mode of an index entry's mode.
-fn file_mode(mode: u32) -> FileMode {
-    match mode {
-        0o100755 => FileMode::BlobExecutable,
-        0o120000 => FileMode::Link,
-        GITLINK_MODE => FileMode::Commit,
-        _ => FileMode::Blob,
+/// A path the disk would not describe (permissions): its saved version stays.
+fn warn_unreadable(rel: &Path, lstat: &std::io::Result<Metadata>) {
+    if let Err(e) = lstat {
+        tracing::warn!(path = %rel.display(), "cannot inspect, the saved version is kept: {e}");
     }
 }

@@ -1,8 +1,10 @@
-//! Shared by the watcher's integration tests: a temp repository and an in-process daemon.
+//! The in-process half of the harness: a temp repository without a remote and the daemon
+//! running on a thread of the test process.
 
-#![allow(dead_code)]
-
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -12,8 +14,10 @@ use project_watcher::status;
 use testkit::git::{git, init_repo, tree_of, tree_of_add_all_from};
 use tokio::sync::oneshot;
 
-/// Generous: other helpers' builds and tests share the two cores.
-pub const PATIENCE: Duration = Duration::from_secs(60);
+use super::PATIENCE;
+
+/// The tree of no files.
+const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 
 pub struct Repo {
     _tmp: tempfile::TempDir,
@@ -102,7 +106,13 @@ impl Repo {
         loop {
             let expected = self.add_all_tree();
             let actual = self.head_tree();
-            if actual.as_deref() == Some(expected.as_str()) {
+            // On an unborn branch with nothing to add, `git commit` commits nothing ("nothing
+            // to commit"): no HEAD is what git leaves.
+            let saved = match &actual {
+                Some(tree) => *tree == expected,
+                None => expected == EMPTY_TREE,
+            };
+            if saved {
                 let since = *equal_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= stable_for {
                     return;
@@ -112,11 +122,12 @@ impl Repo {
             }
             assert!(
                 Instant::now() < deadline,
-                "HEAD never matched `git add -A`.\nHEAD:\n{}\nstatus:\n{}",
+                "HEAD never matched `git add -A`.\nHEAD:\n{}\ngit status:\n{}\nthe watcher's status: {:?}",
                 actual
                     .map(|_| self.git(&["ls-tree", "-r", "--full-tree", "HEAD"]))
                     .unwrap_or_default(),
                 self.git(&["status", "--porcelain", "--ignored"]),
+                self.status(),
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -127,10 +138,90 @@ impl Repo {
     }
 }
 
+/// Sets up a state with `setup` (real git commands), computes git's answer (`git add -A` on
+/// a copy of the index as the user left it), starts the watcher and waits until HEAD holds
+/// exactly that tree.
+pub fn check_state(name: &str, setup: impl Fn(&Repo)) -> (Repo, Daemon) {
+    let repo = Repo::new();
+    repo.write("base.txt", "base");
+    // What the watcher writes before its first pass, so that git's answer includes it.
+    repo.write(
+        "shmastra.json",
+        &shmastra_contract::Manifest::default().to_json(),
+    );
+    setup(&repo);
+    let expected = repo.add_all_tree();
+    let daemon = Daemon::start(&repo, repo.config());
+    testkit::wait::until_seen(PATIENCE, name, || {
+        let head = repo.head_tree();
+        if head.as_deref() == Some(expected.as_str()) {
+            Ok(())
+        } else {
+            Err((
+                head.map(|_| repo.git(&["ls-tree", "-r", "HEAD"])),
+                repo.git(&["ls-tree", "-r", &expected]),
+            ))
+        }
+    });
+    (repo, daemon)
+}
+
+/// `git add -A` + `git commit` as a user does, so that later states start from a history.
+pub fn commit_all(repo: &Repo, force: &[&str]) {
+    repo.git(&["add", "-A"]);
+    for path in force {
+        repo.git(&["add", "-f", path]);
+    }
+    repo.git(&["commit", "-qm", "user commit"]);
+}
+
 /// A watcher running in this process, on its own runtime thread.
 pub struct Daemon {
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<Result<(), DaemonError>>>,
+    /// The name of this daemon's threads, under which its log lines are kept.
+    name: String,
+}
+
+/// The prefix of the names of every daemon's threads (its runtime's workers and the thread that
+/// drives it); a log line from such a thread is kept for that daemon.
+const DAEMON_THREAD: &str = "test-daemon-";
+
+/// Log lines (as the binary's pretty format writes them, without times) by daemon thread name.
+static LOGS: Mutex<Option<HashMap<String, String>>> = Mutex::new(None);
+
+/// Files each log line under the name of the thread that wrote it, when that is a daemon's.
+struct ThreadLog;
+
+impl std::io::Write for ThreadLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(name) = std::thread::current().name()
+            && name.starts_with(DAEMON_THREAD)
+        {
+            let mut logs = LOGS.lock().unwrap_or_else(|e| e.into_inner());
+            logs.get_or_insert_with(HashMap::new)
+                .entry(name.to_owned())
+                .or_default()
+                .push_str(&String::from_utf8_lossy(buf));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs, once per test binary, the subscriber that keeps each daemon's log lines.
+fn capture_logs() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_writer(|| ThreadLog)
+            .with_ansi(false)
+            .without_time()
+            .try_init();
+    });
 }
 
 impl Daemon {
@@ -152,21 +243,51 @@ impl Daemon {
 
     /// Starts the daemon without waiting for anything.
     pub fn spawn(config: Config) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        capture_logs();
+        let name = format!("{DAEMON_THREAD}{}", NEXT.fetch_add(1, Ordering::Relaxed));
         let (stop, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(daemon::run(config, async {
-                let _ = stopped.await;
-            }))
-        });
+        let threads = name.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name(threads)
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(daemon::run(config, async {
+                    let _ = stopped.await;
+                }))
+            })
+            .expect("spawn the daemon's thread");
         Self {
             stop: Some(stop),
             thread: Some(thread),
+            name,
         }
+    }
+
+    /// What this daemon has logged so far from its runtime's threads (the watch stage, the
+    /// debounce, the daemon's own task; not the save thread).
+    pub fn logs(&self) -> String {
+        let logs = LOGS.lock().unwrap_or_else(|e| e.into_inner());
+        logs.as_ref()
+            .and_then(|logs| logs.get(&self.name))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// How many full rescans the watch stage logged for overflowing events: more raw events
+    /// in one read than its event buffer holds, or the kernel's own queue overflow.
+    pub fn overflow_rescans(&self) -> usize {
+        let logs = self.logs();
+        logs.matches("too many events at once; rescanning the whole project")
+            .count()
+            + logs
+                .matches("the kernel dropped file events; rescanning the whole project")
+                .count()
     }
 
     /// Sends the shutdown and returns what `run` returned.
@@ -192,10 +313,14 @@ impl Daemon {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        match self.thread.take() {
+        let result = match self.thread.take() {
             Some(thread) => thread.join().expect("daemon thread does not panic"),
             None => Ok(()),
+        };
+        if let Some(logs) = LOGS.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            logs.remove(&self.name);
         }
+        result
     }
 }
 

@@ -1,0 +1,268 @@
+//! A file's content as git stores it: libgit2 hashes it (its own filters: `text`, `eol`,
+//! `ident`), except where libgit2 stores something else than git, for which `git hash-object`
+//! stores what git would: a filter driver's command (git-lfs is one), `working-tree-encoding`,
+//! `ident` (libgit2 collapses only the first `$Id$`; git's `ident_to_git` every one), automatic
+//! end-of-line conversion of a file whose index blob holds a CR but no CRLF (git's
+//! `has_crlf_in_index` asks for a CRLF in a text blob, libgit2's for any CR), and a path under
+//! an in-tree `.gitattributes` that is a symbolic link (git 2.32+ does not follow it; libgit2
+//! does).
+
+use std::collections::HashMap;
+use std::fs::{self, Metadata};
+use std::path::{Path, PathBuf};
+
+use git2::{AttrValue, Index, Oid, Repository};
+
+/// The attribute lookups of one repository, and the filter drivers its configuration names.
+pub(crate) struct Filters {
+    workdir: PathBuf,
+    /// For attribute lookups, opened again each batch (libgit2's attribute cache can miss an
+    /// edit of the same size in the same second); `None` when it could not be opened.
+    attrs: Option<Repository>,
+    /// Filter drivers configured with a `clean` or `process` command, re-read each batch.
+    drivers: Vec<String>,
+    /// `core.autocrlf` is `true` or `input`: files without `text`/`eol` attributes are
+    /// converted automatically.
+    autocrlf: bool,
+    /// Directories whose `.gitattributes` is a symbolic link, as looked up this batch.
+    linked_attributes: HashMap<PathBuf, bool>,
+}
+
+impl Filters {
+    /// Lookups in the repository at `workdir`. Those that fall back to the index
+    /// (`.gitattributes` not on disk) see `index`, the one being staged, as git's do, rather
+    /// than the file as it was at their first use, which they would read a second time (10 MB
+    /// at 100k files: a third of the first edit).
+    pub(crate) fn new(workdir: &Path, index: &mut Index, repo: &Repository) -> Self {
+        let mut filters = Self {
+            workdir: workdir.to_owned(),
+            attrs: None,
+            drivers: Vec::new(),
+            autocrlf: false,
+            linked_attributes: HashMap::new(),
+        };
+        filters.reload(index, repo);
+        filters
+    }
+
+    /// Opens the lookups again and reads the configuration again (once per batch). The index
+    /// belongs to the lookups' repository (adding a path needs an owner); the old one goes
+    /// first, or dropping it afterwards would leave the index without one; when no new one
+    /// opens, `repo` owns it again.
+    pub(crate) fn reload(&mut self, index: &mut Index, repo: &Repository) {
+        self.attrs = None;
+        self.attrs = Repository::open(&self.workdir)
+            .ok()
+            .filter(|attrs| attrs.set_index(index).is_ok());
+        if self.attrs.is_none() {
+            let _ = repo.set_index(index);
+        }
+        self.drivers = self.filter_drivers();
+        self.autocrlf = self
+            .attrs
+            .as_ref()
+            .and_then(|r| r.config().ok())
+            .and_then(|c| c.get_string("core.autocrlf").ok())
+            .is_some_and(|v| {
+                v.eq_ignore_ascii_case("input") || git2::Config::parse_bool(v).unwrap_or(false)
+            });
+        self.linked_attributes.clear();
+    }
+
+    /// Filter drivers with a `clean` or `process` command in the repository's configuration.
+    fn filter_drivers(&self) -> Vec<String> {
+        let Some(mut config) = self.attrs.as_ref().and_then(|r| r.config().ok()) else {
+            return Vec::new();
+        };
+        let Ok(config) = config.snapshot() else {
+            return Vec::new();
+        };
+        let Ok(entries) = config.entries(Some(r"^filter\..*\.(clean|process)$")) else {
+            return Vec::new();
+        };
+        let mut drivers = Vec::new();
+        let _ = entries.for_each(|entry| {
+            if let Some((driver, _)) = entry
+                .name()
+                .ok()
+                .and_then(|n| n.strip_prefix("filter."))
+                .and_then(|n| n.rsplit_once('.'))
+            {
+                drivers.push(driver.to_owned());
+            }
+        });
+        drivers
+    }
+
+    /// Whether git stores this path's content otherwise than libgit2 (see the module's
+    /// list); `indexed` is the blob the index held for it before this change.
+    pub(crate) fn needs_git(&mut self, rel: &Path, indexed: Option<Oid>) -> bool {
+        if self.under_linked_attributes(rel) {
+            return true;
+        }
+        let Some(repo) = &self.attrs else {
+            return false;
+        };
+        let flags = git2::AttrCheckFlags::FILE_THEN_INDEX;
+        let attr = |name: &str| {
+            let value = repo.get_attr_bytes(rel, name, flags).ok().flatten();
+            match AttrValue::from_bytes(value) {
+                AttrValue::String(v) => Attr::Value(v.to_owned()),
+                AttrValue::Bytes(v) => Attr::Value(String::from_utf8_lossy(v).into_owned()),
+                AttrValue::True => Attr::Set,
+                AttrValue::False => Attr::Unset,
+                AttrValue::Unspecified => Attr::Unspecified,
+            }
+        };
+        let value = |a: Attr| match a {
+            Attr::Value(v) => Some(v),
+            _ => None,
+        };
+        // With no driver configured, no `filter` attribute can name one: one lookup, not two.
+        if value(attr("working-tree-encoding")).is_some()
+            || (!self.drivers.is_empty()
+                && value(attr("filter")).is_some_and(|driver| self.drivers.contains(&driver)))
+            || attr("ident") == Attr::Set
+        {
+            return true;
+        }
+        let automatic = match attr("text") {
+            Attr::Value(v) => v == "auto",
+            Attr::Unspecified => self.autocrlf && attr("eol") == Attr::Unspecified,
+            Attr::Set | Attr::Unset => false,
+        };
+        automatic
+            && indexed
+                .and_then(|id| repo.find_blob(id).ok())
+                .is_some_and(|blob| cr_without_git_s_crlf(blob.content()))
+    }
+
+    /// Whether an in-tree `.gitattributes` on the way to `rel` is a symbolic link.
+    fn under_linked_attributes(&mut self, rel: &Path) -> bool {
+        let workdir = &self.workdir;
+        rel.ancestors().skip(1).any(|dir| {
+            *self
+                .linked_attributes
+                .entry(dir.to_owned())
+                .or_insert_with(|| {
+                    fs::symlink_metadata(workdir.join(dir).join(".gitattributes"))
+                        .is_ok_and(|m| m.file_type().is_symlink())
+                })
+        })
+    }
+}
+
+/// One attribute of a path, as far as the checks above care.
+#[derive(Debug, PartialEq, Eq)]
+enum Attr {
+    Set,
+    Unset,
+    Value(String),
+    Unspecified,
+}
+
+/// A blob libgit2 reads as "has a CR in the index" (it then leaves CRLFs alone) where git's
+/// `has_crlf_in_index` does not (git converts): a CR, but not a text blob with a CRLF, by
+/// git's `gather_convert_stats`.
+fn cr_without_git_s_crlf(blob: &[u8]) -> bool {
+    if !blob.contains(&b'\r') {
+        return false;
+    }
+    let (mut crlf, mut lonecr, mut nul, mut printable, mut nonprintable) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut i = 0;
+    while i < blob.len() {
+        let c = blob[i];
+        if c == b'\r' {
+            if blob.get(i + 1) == Some(&b'\n') {
+                crlf += 1;
+                i += 1;
+            } else {
+                lonecr += 1;
+            }
+        } else if c == 127 {
+            nonprintable += 1;
+        } else if c < 32 {
+            match c {
+                b'\n' | 8 | b'\t' | 27 | 12 => printable += 1,
+                0 => {
+                    nul += 1;
+                    nonprintable += 1;
+                }
+                _ => nonprintable += 1,
+            }
+        } else {
+            printable += 1;
+        }
+        i += 1;
+    }
+    // A file ending in ^Z (DOS's end of file) does not count it.
+    if blob.last() == Some(&26) {
+        nonprintable = nonprintable.saturating_sub(1);
+    }
+    let binary = lonecr > 0 || nul > 0 || (printable >> 7) < nonprintable;
+    binary || crlf == 0
+}
+
+/// What `git hash-object -w` stores for this path (it runs the filters git would). `None`,
+/// with a warning naming the path, when git cannot.
+pub(crate) fn hash_with_git(workdir: &Path, rel: &Path) -> Option<Oid> {
+    let output = std::process::Command::new("git")
+        .arg("-C")
+        .arg(workdir)
+        .args(["hash-object", "-w", "--"])
+        .arg(rel)
+        .output();
+    match output {
+        Ok(out) if out.status.success() => {
+            Oid::from_str(String::from_utf8_lossy(&out.stdout).trim()).ok()
+        }
+        Ok(out) => {
+            tracing::warn!(
+                path = %rel.display(),
+                "git could not run the content filter for this file, its raw bytes are saved: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(
+                path = %rel.display(),
+                "this file needs git's content filters and git could not run, its raw bytes are saved: {e}"
+            );
+            None
+        }
+    }
+}
+
+/// Disk full, read-only `.git`, ...: not the file's fault (it is readable), and not a path
+/// git refuses (those are left out with a warning, or they would block every later save).
+pub(crate) fn is_store_failure(e: &git2::Error, abs: &Path, meta: &Metadata) -> bool {
+    matches!(
+        e.class(),
+        git2::ErrorClass::Os | git2::ErrorClass::Odb | git2::ErrorClass::Filesystem
+    ) && (!meta.is_file() || fs::File::open(abs).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blob_git_and_libgit2_read_apart_is_one_with_a_cr_but_no_text_crlf() {
+        let check = |blob: &[u8], apart: bool| {
+            assert_eq!(
+                cr_without_git_s_crlf(blob),
+                apart,
+                "{:?}",
+                String::from_utf8_lossy(blob)
+            );
+        };
+        check(b"no cr\n", false);
+        check(b"crlf\r\nline\r\n", false);
+        check(b"mixed\r\nends\n", false);
+        check(b"lone\rcr\n", true);
+        check(b"lone\rand crlf\r\n", true);
+        check(b"\0binary\r\n", true);
+    }
+}
