@@ -6,32 +6,45 @@ use std::time::Duration;
 use reqwest::Url;
 use secrecy::SecretString;
 
-use crate::token::{TOKEN_SECRET_ENV, TokenSecretError, TokenSigner};
+use crate::env_names::{
+    API_URL_ENV, GROUP_ID_ENV, PROJECT_PATH_ENV, SERVICE_TOKEN_ENV, TOKEN_SECRET_ENV,
+};
+use crate::project_path::{ProjectPath, ProjectPathError};
+use crate::token::{TokenSecretError, TokenSigner};
 
-/// The service account's token; its absence turns GitLab off.
-pub const SERVICE_TOKEN_ENV: &str = "GITLAB_SERVICE_TOKEN";
-/// The numeric id of the group that holds one project per user.
-pub const GROUP_ID_ENV: &str = "GITLAB_GROUP_ID";
-/// The REST API root, for self-hosted instances.
-pub const API_URL_ENV: &str = "GITLAB_API_URL";
 /// GitLab.com's REST API root.
 pub const DEFAULT_API_URL: &str = "https://gitlab.com/api/v4";
 
 /// A setting that cannot work. Every variant names the variable to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// `GITLAB_SERVICE_TOKEN` without `GITLAB_GROUP_ID`.
     #[error(
         "{SERVICE_TOKEN_ENV} is set but {GROUP_ID_ENV} is not: set it to the numeric id of the group that holds the user projects"
     )]
     GroupIdMissing,
+    /// `GITLAB_GROUP_ID` is not a positive number.
     #[error(
         "{GROUP_ID_ENV}={value:?} is not a group id: use the group's numeric id (shown on the group's page and under Settings > General)"
     )]
-    GroupIdInvalid { value: String },
+    GroupIdInvalid {
+        /// The value set.
+        value: String,
+    },
+    /// `GITLAB_API_URL` is not an http(s) URL of an API root.
     #[error("{API_URL_ENV}={value:?} is not usable: {reason}")]
-    ApiUrlInvalid { value: String, reason: String },
+    ApiUrlInvalid {
+        /// The value set.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `SHMASTRA_TOKEN_SECRET` cannot sign tokens.
     #[error(transparent)]
     TokenSecret(#[from] TokenSecretError),
+    /// `GITLAB_PROJECT_PATH` is not a template of a user's project path.
+    #[error("{PROJECT_PATH_ENV}: {0}")]
+    ProjectPath(#[from] ProjectPathError),
 }
 
 /// GitLab settings. `Debug` never shows the service token.
@@ -47,6 +60,9 @@ pub struct Config {
     pub token_secret: Option<SecretString>,
     /// The limit on each HTTP request to GitLab, connection included.
     pub request_timeout: Duration,
+    /// Where each user's project is in the group (`GITLAB_PROJECT_PATH`, `serve
+    /// --project-path`; default `<group>/<user>`).
+    pub project_path: ProjectPath,
 }
 
 impl Config {
@@ -62,11 +78,12 @@ impl Config {
             service_token,
             token_secret: None,
             request_timeout: Duration::from_secs(20),
+            project_path: ProjectPath::default(),
         })
     }
 
-    /// Reads `GITLAB_SERVICE_TOKEN`, `GITLAB_GROUP_ID`, `GITLAB_API_URL` and
-    /// `SHMASTRA_TOKEN_SECRET`. `Ok(None)` when no service token is set: GitLab is off.
+    /// Reads `GITLAB_SERVICE_TOKEN`, `GITLAB_GROUP_ID`, `GITLAB_API_URL`, `GITLAB_PROJECT_PATH`
+    /// and `SHMASTRA_TOKEN_SECRET`. `Ok(None)` when no service token is set: GitLab is off.
     pub fn from_env() -> Result<Option<Config>, ConfigError> {
         Config::from_vars(|name| std::env::var(name).ok())
     }
@@ -94,6 +111,9 @@ impl Config {
         };
         let api_url = set(API_URL_ENV).unwrap_or_else(|| DEFAULT_API_URL.to_owned());
         let mut config = Config::new(&api_url, group_id, service_token)?;
+        if let Some(template) = set(PROJECT_PATH_ENV) {
+            config.project_path = ProjectPath::parse(&template)?;
+        }
         if let Some(secret) = var(TOKEN_SECRET_ENV).filter(|v| !v.is_empty()) {
             let secret = SecretString::from(secret);
             TokenSigner::from_secret(&secret)?;
@@ -123,6 +143,7 @@ impl std::fmt::Debug for Config {
                 &self.token_secret.as_ref().map(|_| "[redacted]"),
             )
             .field("request_timeout", &self.request_timeout)
+            .field("project_path", &self.project_path.to_string())
             .finish()
     }
 }

@@ -4,14 +4,16 @@
 
 use std::sync::Arc;
 
-use crate::UserId;
+use crate::user::UserId;
 
 /// A branch moved by someone other than the sandbox's own watcher: the cloud starts a sync.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ExternalPush {
+    /// Whose project moved.
     pub user: UserId,
     /// The full ref name, e.g. `refs/heads/main`.
     pub refname: String,
+    /// The commit the ref moved to.
     pub new_oid: String,
 }
 

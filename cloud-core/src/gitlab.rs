@@ -11,9 +11,11 @@ use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
+use shmastra_contract::env::DEFAULT_BRANCH;
 use tokio::sync::OnceCell;
 
 use crate::config::Config;
+use crate::project_path::{Owner, ProjectPath};
 use crate::user::UserId;
 
 /// Longest part of a GitLab response body quoted in an error.
@@ -40,7 +42,15 @@ pub struct Project {
     /// The project's page, for people.
     #[serde(default)]
     pub web_url: String,
+    /// Set at creation to [`OWNER_MARK`] and the user id: who the project is for.
+    #[serde(default)]
+    pub description: Option<String>,
 }
+
+/// The start of the description of a project this crate created; the user id follows. A
+/// template that holds only part of the user id (`<user:8>`) could give two users one path:
+/// a project marked for another user is never used.
+pub const OWNER_MARK: &str = "shmastra user ";
 
 /// A commit as `GET /projects/:id/repository/commits` lists it (the fields this crate reads).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,72 +66,148 @@ pub struct Commit {
 #[derive(Debug, thiserror::Error)]
 pub enum GitLabError {
     // A person must fix the setup; retrying cannot help.
+    /// The service token was refused (401).
     #[error(
         "GitLab at {api_url} rejected the service token (401): it is wrong, expired or revoked; set a valid GITLAB_SERVICE_TOKEN with the `api` scope (this process sends it no more: repeated failed logins get the IP banned)"
     )]
-    Unauthorized { api_url: String },
+    Unauthorized {
+        /// The API root asked.
+        api_url: String,
+    },
+    /// The group cannot be seen by the service account (404).
     #[error(
         "group {group_id} is not visible at {api_url} (404): the service account is not a member of the group; add it to the group as Maintainer (or fix GITLAB_GROUP_ID)"
     )]
-    GroupNotFound { group_id: u64, api_url: String },
+    GroupNotFound {
+        /// `GITLAB_GROUP_ID`.
+        group_id: u64,
+        /// The API root asked.
+        api_url: String,
+    },
+    /// The service account lacks a right (403).
     #[error(
         "GitLab refused {what} (403): the service account needs the Maintainer role in group {group_id} and a token with the `api` scope; GitLab said: {body}"
     )]
     Forbidden {
+        /// What was asked.
         what: String,
+        /// `GITLAB_GROUP_ID`.
         group_id: u64,
+        /// GitLab's answer, cut.
         body: String,
     },
+    /// GitLab refused to create a project in the group.
     #[error(
         "the service account cannot create projects in group {group_path} (id {group_id}): GitLab answered that the namespace is not valid; give the account the Maintainer role in the group (or let Developers create projects)"
     )]
-    CannotCreateProjects { group_id: u64, group_path: String },
+    CannotCreateProjects {
+        /// `GITLAB_GROUP_ID`.
+        group_id: u64,
+        /// The group's full path.
+        group_path: String,
+    },
+    /// A project path is taken by a project that cannot be read.
     #[error(
         "project path {path} is taken, but the project cannot be read (pending deletion, or a name clash): GitLab said: {body}"
     )]
-    PathTaken { path: String, body: String },
+    PathTaken {
+        /// The project path.
+        path: String,
+        /// GitLab's answer, cut.
+        body: String,
+    },
+    /// GitLab answered another project than the one asked for.
     #[error(
         "GitLab answered project {found} when asked for {asked}: project paths resolve case-insensitively, so this is another tenant's project; no git traffic goes to it"
     )]
-    ProjectMismatch { asked: String, found: String },
+    ProjectMismatch {
+        /// The path asked for.
+        asked: String,
+        /// The path GitLab answered with.
+        found: String,
+    },
+    /// The project at the user's path is marked for another user (a template with `<user:N>`
+    /// gave two users one path).
+    #[error(
+        "project {path} belongs to user {owner}, not to {user}: the project path template gives both the same path; use a template with the whole <user>"
+    )]
+    ProjectTaken {
+        /// The path.
+        path: String,
+        /// Whose it is.
+        owner: String,
+        /// Who asked.
+        user: UserId,
+    },
+    /// The service token cannot be an HTTP header value.
     #[error("GITLAB_SERVICE_TOKEN contains characters that cannot be sent in an HTTP header")]
     InvalidServiceToken,
+    /// GitLab redirected an API request (never followed: it could carry the token away).
     #[error(
         "{what}: GitLab redirected to {location}; set GITLAB_API_URL to the API root it redirects to"
     )]
-    Redirected { what: String, location: String },
+    Redirected {
+        /// What was asked.
+        what: String,
+        /// Where GitLab pointed.
+        location: String,
+    },
 
     // Transient: the caller may try again later.
+    /// GitLab answered 429 or 5xx on every attempt.
     #[error("{what}: GitLab answered {status} {attempts} times; giving up for now: {body}")]
     Unavailable {
+        /// What was asked.
         what: String,
+        /// The last status.
         status: u16,
+        /// How many attempts were made.
         attempts: u32,
+        /// GitLab's last answer, cut.
         body: String,
     },
+    /// No attempt was answered in time.
     #[error("{what}: no answer from GitLab within {timeout:?} ({attempts} attempts)")]
     Timeout {
+        /// What was asked.
         what: String,
+        /// The limit of each attempt.
         timeout: Duration,
+        /// How many attempts were made.
         attempts: u32,
     },
+    /// No attempt reached GitLab.
     #[error("{what}: cannot reach GitLab ({attempts} attempts)")]
     Unreachable {
+        /// What was asked.
         what: String,
+        /// How many attempts were made.
         attempts: u32,
+        /// The last attempt's error.
         #[source]
         source: reqwest::Error,
     },
 
     // GitLab answered something this client does not understand.
+    /// A status this client has no meaning for.
     #[error("{what}: GitLab answered {status}: {body}")]
     Unexpected {
+        /// What was asked.
         what: String,
+        /// The status.
         status: u16,
+        /// GitLab's answer, cut.
         body: String,
     },
+    /// An answer that is not the JSON expected.
     #[error("{what}: GitLab's answer is not the expected JSON: {reason}")]
-    BadResponse { what: String, reason: String },
+    BadResponse {
+        /// What was asked.
+        what: String,
+        /// What is wrong with the answer.
+        reason: String,
+    },
+    /// The HTTP client could not be made (TLS setup).
     #[error("cannot build the HTTP client")]
     Client(#[source] reqwest::Error),
 }
@@ -249,14 +335,22 @@ struct Inner {
     first_use: tokio::sync::Mutex<()>,
     group: OnceCell<Group>,
     projects: Mutex<HashMap<UserId, Project>>,
+    project_path: ProjectPath,
 }
 
 /// One answer from GitLab that was neither a 401 nor a retryable failure.
 struct Answer {
     status: StatusCode,
     headers: HeaderMap,
+    /// At most [`MAX_ANSWER_BYTES`] of the body.
     body: String,
+    /// The body went on past [`MAX_ANSWER_BYTES`]; the rest was not read.
+    cut: bool,
 }
+
+/// The most of one answer read: a page of 100 commits is far below it, and a page of commits
+/// with huge messages (pushed to make pages expensive) is refused, not held.
+const MAX_ANSWER_BYTES: usize = 8 << 20;
 
 impl GitLab {
     /// A client for the group in `config`, with the default retry policy.
@@ -287,6 +381,7 @@ impl GitLab {
                 first_use: tokio::sync::Mutex::new(()),
                 group: OnceCell::new(),
                 projects: Mutex::new(HashMap::new()),
+                project_path: config.project_path.clone(),
             }),
         })
     }
@@ -326,7 +421,7 @@ impl GitLab {
     /// to race: a concurrent create answered with "has already been taken" counts as found.
     pub async fn ensure_user_project(&self, user: &UserId) -> Result<Project, GitLabError> {
         let group = self.group().await?;
-        let full_path = format!("{}/{}", group.full_path, user);
+        let full_path = self.inner.project_path.render(&group.full_path, user);
         if let Some(project) = self.find_project(&full_path).await? {
             tracing::debug!(user = %user, project_id = project.id, "GitLab project exists");
             return self.remember(user, &full_path, project);
@@ -357,17 +452,8 @@ impl GitLab {
         user: &UserId,
         limit: usize,
     ) -> Result<Vec<Commit>, GitLabError> {
-        let project = match self.cached(user) {
-            Some(project) => project,
-            None => {
-                let group = self.group().await?;
-                let full_path = format!("{}/{}", group.full_path, user);
-                match self.find_project(&full_path).await? {
-                    // Another tenant's project (found by a path differing in case) is never read.
-                    Some(project) => self.remember(user, &full_path, project)?,
-                    None => return Ok(Vec::new()),
-                }
-            }
+        let Some(project) = self.existing_project(user).await? else {
+            return Ok(Vec::new());
         };
         let what = || format!("GET commits of project {}", project.path_with_namespace);
         let per_page = limit.clamp(1, 100).to_string();
@@ -394,6 +480,12 @@ impl GitLab {
                 }
                 _ => return Err(self.unexpected(what(), &answer)),
             }
+            if answer.cut {
+                return Err(GitLabError::BadResponse {
+                    what: what(),
+                    reason: format!("the answer is over {MAX_ANSWER_BYTES} bytes"),
+                });
+            }
             let batch: Vec<Commit> = parse_json("GET commits", &answer.body)?;
             let more = answer
                 .headers
@@ -409,6 +501,73 @@ impl GitLab {
         }
         commits.truncate(limit);
         Ok(commits)
+    }
+
+    /// The text of `path` on the saved branch of `user`'s project (`GET
+    /// /projects/:id/repository/files/:path/raw?ref=main`); `None` without a project, a
+    /// repository, the branch or the file. Never creates anything.
+    pub(crate) async fn saved_file(
+        &self,
+        user: &UserId,
+        path: &str,
+    ) -> Result<Option<String>, GitLabError> {
+        let Some(project) = self.existing_project(user).await? else {
+            return Ok(None);
+        };
+        let what = || format!("GET {path} of project {}", project.path_with_namespace);
+        let mut url = self.endpoint(&[
+            "projects",
+            &project.id.to_string(),
+            "repository",
+            "files",
+            path,
+            "raw",
+        ]);
+        url.query_pairs_mut().append_pair("ref", DEFAULT_BRANCH);
+        let answer = self.send(Method::GET, url, None).await?;
+        match answer.status {
+            StatusCode::OK => Ok(Some(answer.body)),
+            // No file, no branch, or an empty repository.
+            StatusCode::NOT_FOUND => Ok(None),
+            StatusCode::FORBIDDEN => Err(GitLabError::Forbidden {
+                what: what(),
+                group_id: self.inner.group_id,
+                body: quote(&answer.body),
+            }),
+            _ => Err(self.unexpected(what(), &answer)),
+        }
+    }
+
+    /// The user's project if it exists (cached, else looked up), never created.
+    async fn existing_project(&self, user: &UserId) -> Result<Option<Project>, GitLabError> {
+        if let Some(project) = self.cached(user) {
+            return Ok(Some(project));
+        }
+        let group = self.group().await?;
+        let full_path = self.inner.project_path.render(&group.full_path, user);
+        match self.find_project(&full_path).await? {
+            // Another tenant's project (found by a path differing in case) is never read.
+            Some(project) => self.remember(user, &full_path, project).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whose project `path` (a `path_with_namespace` in the group `group`) is, by the project
+    /// path template; for a template holding part of the user id, the user whose project this
+    /// client looked up with that path (the proxy looks it up at the user's first git request).
+    pub(crate) fn owner_of(&self, group: &str, path: &str) -> Option<UserId> {
+        match self.inner.project_path.owner(group, path) {
+            Owner::User(user) => Some(user),
+            Owner::Prefix(_) => self
+                .inner
+                .projects
+                .lock()
+                .expect("project cache lock")
+                .iter()
+                .find(|(_, p)| p.path_with_namespace == path)
+                .map(|(user, _)| user.clone()),
+            Owner::Nobody => None,
+        }
     }
 
     /// Drops the cached project of `user` (e.g. after GitLab answered 404 for its repository).
@@ -444,11 +603,27 @@ impl GitLab {
                 found: project.path_with_namespace,
             });
         }
-        self.inner
-            .projects
-            .lock()
-            .expect("project cache lock")
-            .insert(user.clone(), project.clone());
+        let marked = project
+            .description
+            .as_deref()
+            .and_then(|d| d.strip_prefix(OWNER_MARK))
+            .map(str::trim);
+        let mut projects = self.inner.projects.lock().expect("project cache lock");
+        let cached_owner = projects
+            .iter()
+            .find(|(other, p)| p.id == project.id && *other != user)
+            .map(|(other, _)| other.to_string());
+        if let Some(owner) =
+            cached_owner.or(marked.filter(|m| *m != user.as_str()).map(str::to_owned))
+        {
+            tracing::error!(user = %user, path = %project.path_with_namespace, owner, "the project at the user's path is another user's");
+            return Err(GitLabError::ProjectTaken {
+                path: project.path_with_namespace,
+                owner,
+                user: user.clone(),
+            });
+        }
+        projects.insert(user.clone(), project.clone());
         Ok(project)
     }
 
@@ -482,11 +657,13 @@ impl GitLab {
         user: &UserId,
         full_path: &str,
     ) -> Result<Project, GitLabError> {
+        let name = self.inner.project_path.name(user);
         let body = serde_json::json!({
-            "name": user.as_str(),
-            "path": user.as_str(),
+            "name": name,
+            "path": name,
             "namespace_id": group.id,
             "visibility": "private",
+            "description": format!("{OWNER_MARK}{user}"),
         });
         let answer = self
             .send(Method::POST, self.endpoint(&["projects"]), Some(body))
@@ -646,14 +823,23 @@ impl GitLab {
 }
 
 async fn send_once(request: reqwest::RequestBuilder) -> Result<Answer, reqwest::Error> {
-    let response = request.send().await?;
+    let mut response = request.send().await?;
     let status = response.status();
     let headers = response.headers().clone();
-    let body = response.text().await?;
+    let mut body = Vec::new();
+    let mut cut = false;
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            cut = true;
+            break;
+        }
+        body.extend_from_slice(&chunk);
+    }
     Ok(Answer {
         status,
         headers,
-        body,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        cut,
     })
 }
 

@@ -93,61 +93,97 @@
 //! # }
 //! ```
 
-mod config;
+#![deny(missing_docs)]
+
+// The modules in layers, each importing only from its own layer or the layers listed before it
+// (`tests/layers.rs` holds the order and checks it).
+//
+// Vocabulary: the words every layer shares.
+mod admission;
+mod client;
+mod duration;
+mod env_names;
 mod event;
+mod host;
+mod project_path;
+mod status;
+mod user;
+// IO: tokens, secrets, sandboxes, the state store, GitLab, E2B, git over CGI.
+mod config;
+pub mod e2b;
 mod gitlab;
 /// `git http-backend` as CGI behind an HTTP handler: the embedded upstream's engine, public
 /// for test servers (`testkit`).
 pub mod http_backend;
-mod orchestrate;
+mod nonces;
 mod process_group;
 mod provider;
-mod proxy;
 mod sandbox;
 mod secrets;
-mod serve;
 pub mod store;
 mod token;
-mod user;
-mod web;
+// Services: the git proxy, the webhook, orchestration, the operator's view of the sandboxes.
+/// The operator's commands over every user's sandbox at E2B.
+pub mod fleet;
+mod orchestrate;
+mod proxy;
 mod webhook;
+// Adapters: GitLab and the embedded upstream, wired to every service's seams.
+mod hosts;
+// The workspace page, the control API and the ready-made server.
+mod api;
+mod serve;
+mod web;
 
 pub use shmastra_contract as contract;
 pub use shmastra_contract::{Manifest, ManifestError, SyncFailure};
+
+pub use client::ClientAddr;
+pub use env_names::{SERVICE_TOKEN_ENV, TOKEN_SECRET_ENV, TOKEN_STATE_ENV, WEBHOOK_SECRET_ENV};
+pub use event::{ExternalPush, OnExternalPush};
+pub use host::{Diff, HostLink, ProjectHost, ProjectPages};
+pub use project_path::{DEFAULT_PROJECT_PATH, Owner, ProjectPath, ProjectPathError};
+pub use status::{ProvisionStep, SandboxStatus, StatusSink, SyncOutcome};
+pub use user::{InvalidUserId, UserId};
 
 pub use orchestrate::history::{
     HistoryError, RestoreToError, RestoredTo, Save, SaveHistory, SaveKind,
 };
 pub use orchestrate::lifecycle::{Lifecycle, Reprovisioned, SecretSource};
+pub use orchestrate::provision::{BackfillEntry, BackfillOutcome, Provisioned, RestorePlan};
 pub use orchestrate::queued::QueuedSyncError;
 pub use orchestrate::recovery::RecoveryPolicy;
 pub use orchestrate::{
-    BackfillEntry, BackfillOutcome, OrchestrateError, Orchestrator, Persistence, ProjectHost,
-    ProvisionStep, Provisioned, RestorePlan, SandboxLayout, SandboxStatus, StatusSink, SyncOutcome,
+    HEALTH_STEP, HealthCheck, OrchestrateError, Orchestrator, Persistence, SandboxLayout,
 };
 
 pub use provider::{LocalProvider, SandboxProvider};
 pub use sandbox::{Exec, ExecOutput, LocalSandbox, Sandbox, SandboxError};
 
-pub use config::{Config, ConfigError, SERVICE_TOKEN_ENV};
+pub use config::{Config, ConfigError};
 pub use gitlab::{GitLab, GitLabError, RetryPolicy};
 
-pub use proxy::embedded::EmbeddedUpstream;
-pub use proxy::events::{OnExternalPush, RecentPushes};
-pub use proxy::upstream::{HttpUpstream, RepoLocator, RepoPerUser, Upstream};
-pub use proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
-pub use webhook::{GroupPath, WEBHOOK_SECRET_ENV, Webhook, WebhookSecretError, webhook_secret};
+pub use hosts::embedded::EmbeddedUpstream;
+pub use proxy::events::RecentPushes;
+pub use proxy::route::{Endpoint, Service};
+pub use proxy::upstream::{
+    HttpUpstream, RepoLocator, RepoPerUser, Upstream, UpstreamError, UpstreamRequest,
+};
+pub use proxy::{Proxy, ProxyLimits};
+pub use webhook::{GroupPath, Webhook, WebhookSecretError, webhook_secret};
 
 pub use token::{
-    GenerationDir, GenerationError, Generations, TOKEN_SECRET_ENV, TOKEN_STATE_ENV,
-    TokenSecretError, TokenSigner,
+    GenerationDir, GenerationError, Generations, TokenRefusal, TokenSecretError, TokenSigner,
 };
 
 pub use secrets::{FormProblem, RestoreForm, RestoreFormError, SecretValue, render_env};
 
+pub use api::document as control_api_document;
+pub use api::keys::{API_KEY_ENV, ApiKeyError, ApiKeys};
 pub use serve::{ConnectionLimits, ServeConfig, ServeError, UpstreamChoice, app, serve};
-pub use web::WebConfig;
 pub use web::sandboxes::{LocalSandboxes, watcher_on_path};
-pub use web::signin::{SignIn, TtlTooLong};
-
-pub use user::{InvalidUserId, UserId};
+pub use web::signin::{MintLinkError, SignIn, TtlTooLong};
+pub use web::{
+    EventStreamLimits, PageSandboxes, WebConfig, Workspace, WorkspaceError, workspace,
+    workspace_with,
+};

@@ -2,23 +2,25 @@
 //! existing one, and answer [`SandboxError::Gone`] when there is none.
 //!
 //! [`LocalProvider`] keeps one [`LocalSandbox`] per user in `DIR/<user>`, copied from a template
-//! directory; removing that directory is a wipe. An E2B provider fits the same trait (see
-//! ARCHITECTURE.md): `create` and `connect` are its REST calls, the sandbox it returns talks to
-//! the in-sandbox daemon, and a 404 from either is `Gone`.
+//! directory; removing that directory is a wipe. [`crate::e2b::E2bProvider`] is the one a
+//! deployment uses: `create` and `connect` are E2B's REST calls, the sandbox it returns talks
+//! to the in-sandbox daemon, and a sandbox E2B no longer knows is `Gone`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use crate::UserId;
-use crate::sandbox::{LocalSandbox, Sandbox, SandboxError};
+use crate::sandbox::{Gate, LocalSandbox, Sandbox, SandboxError};
+use crate::user::UserId;
 
 /// Creates and finds users' sandboxes. The sandboxes it hands out are named after their user
 /// ([`Sandbox::id`] is the user id), so a re-created sandbox keeps its statuses and its place in
 /// the one-sync-at-a-time queue.
 pub trait SandboxProvider: Send + Sync {
+    /// The sandboxes this provider hands out.
     type Sandbox: Sandbox + Clone;
 
     /// The user's sandbox, or [`SandboxError::Gone`] when the user has none (never had one, or
@@ -46,6 +48,25 @@ pub struct LocalProvider {
     root: PathBuf,
     template: PathBuf,
     base_env: BTreeMap<String, String>,
+    users: SandboxUsers,
+    gate: Option<Arc<Gate>>,
+}
+
+/// Whose uid a sandbox's commands run as.
+#[derive(Debug, Clone)]
+enum SandboxUsers {
+    /// This process's (tests and developers: one trusted user).
+    Shared,
+    /// This process's, with a cleared environment, and only one user's sandbox may exist: this
+    /// process cannot switch uids, so a second user's code would run as the first's (and as
+    /// this server).
+    OneUser,
+    /// One uid per sandbox, from `base` up: the owner of its directory (0700) is the uid it
+    /// runs as.
+    Own {
+        base: u32,
+        allocating: Arc<Mutex<()>>,
+    },
 }
 
 impl LocalProvider {
@@ -56,7 +77,33 @@ impl LocalProvider {
             root: root.into(),
             template: template.into(),
             base_env: BTreeMap::new(),
+            users: SandboxUsers::Shared,
+            gate: None,
         }
+    }
+
+    /// Every sandbox's commands pass `gate` (see [`LocalSandbox::with_gate`]).
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Each sandbox runs as a uid of its own, `base` and up (no account is needed): its
+    /// directory is made 0700 and owned by it, `root` 0711 (others may pass, not list). This
+    /// process must be root.
+    pub fn with_own_uids(mut self, base: u32) -> Self {
+        self.users = SandboxUsers::Own {
+            base,
+            allocating: Arc::default(),
+        };
+        self
+    }
+
+    /// For a process that cannot switch uids: only one user's sandbox is made (creating a
+    /// second user's is refused, saying why), and its commands get a cleared environment.
+    pub fn one_user_only(mut self) -> Self {
+        self.users = SandboxUsers::OneUser;
+        self
     }
 
     /// An environment variable every sandbox's commands get (tests put a hermetic git
@@ -72,11 +119,36 @@ impl LocalProvider {
         self.root.join(user.as_str())
     }
 
-    fn sandbox(&self, user: &UserId) -> LocalSandbox {
-        self.base_env.iter().fold(
+    fn sandbox(&self, user: &UserId, owner: Option<(u32, u32)>) -> LocalSandbox {
+        let mut sandbox = self.base_env.iter().fold(
             LocalSandbox::new(user.as_str(), self.dir_of(user)),
             |sandbox, (name, value)| sandbox.with_env(name, value),
-        )
+        );
+        if let Some(gate) = &self.gate {
+            sandbox = sandbox.with_gate(gate.clone());
+        }
+        match (owner, &self.users) {
+            (Some((uid, gid)), _) => sandbox.run_as(uid, gid),
+            (None, SandboxUsers::OneUser) => sandbox.with_cleared_env(),
+            (None, _) => sandbox,
+        }
+    }
+
+    /// The uid and gid `dir` runs as: its owner's, once it is one of ours; a directory owned by
+    /// someone else (made before sandboxes had users of their own) is given a fresh uid.
+    fn owner_of(&self, dir: &Path) -> io::Result<Option<(u32, u32)>> {
+        use std::os::unix::fs::MetadataExt;
+        let SandboxUsers::Own { base, allocating } = &self.users else {
+            return Ok(None);
+        };
+        let meta = std::fs::metadata(dir)?;
+        if meta.uid() >= *base {
+            return Ok(Some((meta.uid(), meta.gid())));
+        }
+        let _one = allocating.lock().unwrap_or_else(|p| p.into_inner());
+        let uid = next_uid(&self.root, *base)?;
+        give(dir, uid)?;
+        Ok(Some((uid, uid)))
     }
 }
 
@@ -84,35 +156,139 @@ impl SandboxProvider for LocalProvider {
     type Sandbox = LocalSandbox;
 
     async fn connect(&self, user: &UserId) -> Result<LocalSandbox, SandboxError> {
-        match tokio::fs::metadata(self.dir_of(user)).await {
-            Ok(meta) if meta.is_dir() => Ok(self.sandbox(user)),
-            _ => Err(SandboxError::Gone {
-                sandbox: user.to_string(),
-            }),
+        let dir = self.dir_of(user);
+        match tokio::fs::metadata(&dir).await {
+            Ok(meta) if meta.is_dir() => {}
+            _ => {
+                return Err(SandboxError::Gone {
+                    sandbox: user.to_string(),
+                });
+            }
         }
+        let owner = self.owner_of(&dir).map_err(|source| SandboxError::File {
+            sandbox: user.to_string(),
+            action: "give its user",
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(self.sandbox(user, owner))
     }
 
     async fn create(&self, user: &UserId) -> Result<LocalSandbox, SandboxError> {
         let (root, template, dir) = (self.root.clone(), self.template.clone(), self.dir_of(user));
+        let users = self.users.clone();
         let created = tokio::task::spawn_blocking({
             let dir = dir.clone();
-            move || copy_template(&root, &template, &dir)
+            move || create_sandbox(&root, &template, &dir, &users)
         })
         .await
         .unwrap_or_else(|join| Err(io::Error::other(join)));
-        created.map_err(|source| SandboxError::File {
+        let owner = created.map_err(|source| SandboxError::File {
             sandbox: user.to_string(),
             action: "create from the template",
             path: dir,
             source,
         })?;
-        Ok(self.sandbox(user))
+        Ok(self.sandbox(user, owner))
     }
 }
 
-/// Copies `template` to a staging directory under `root` and renames it to `dir`. The staging
-/// name starts with `.`, which no user id does, so it can never be taken for a sandbox.
-fn copy_template(root: &Path, template: &Path, dir: &Path) -> io::Result<()> {
+/// The users' sandboxes under `root`: the entries whose name is not hidden.
+fn sandbox_dirs(root: &Path) -> io::Result<Vec<std::fs::DirEntry>> {
+    Ok(std::fs::read_dir(root)?
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .collect())
+}
+
+/// The file under `root` that holds the last uid given to a sandbox (hidden: never a user).
+const LAST_UID_FILE: &str = ".last-uid";
+
+/// A uid no sandbox under `root` has ever had: one past the highest from `base` that a
+/// directory has or `root/.last-uid` records, recorded there before it is used. A wiped
+/// sandbox's uid is never given again: what its code left running must not own a later one.
+fn next_uid(root: &Path, base: u32) -> io::Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let record = root.join(LAST_UID_FILE);
+    let recorded =
+        match std::fs::read_to_string(&record) {
+            Ok(text) => Some(text.trim().parse::<u32>().map_err(|e| {
+                io::Error::other(format!("{} is not a uid: {e}", record.display()))
+            })?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+    let highest = sandbox_dirs(root)?
+        .iter()
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.uid())
+        .chain(recorded)
+        .filter(|uid| *uid >= base)
+        .max();
+    let uid = match highest {
+        None => base,
+        Some(uid) => uid
+            .checked_add(1)
+            .ok_or_else(|| io::Error::other("no uid is left for another sandbox"))?,
+    };
+    let staging = root.join(format!("{LAST_UID_FILE}.{}", std::process::id()));
+    std::fs::write(&staging, format!("{uid}\n"))?;
+    std::fs::rename(&staging, &record)?;
+    Ok(uid)
+}
+
+/// Makes everything under `dir` `uid`'s (links themselves, not what they name) and `dir` 0700.
+fn give(dir: &Path, uid: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let out = std::process::Command::new("chown")
+        .args(["-R", "-h", &format!("{uid}:{uid}"), "--"])
+        .arg(dir)
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "chown -R {uid} {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// A new sandbox at `dir` from `template`, owned as `users` says; the uid and gid it runs as.
+fn create_sandbox(
+    root: &Path,
+    template: &Path,
+    dir: &Path,
+    users: &SandboxUsers,
+) -> io::Result<Option<(u32, u32)>> {
+    match users {
+        SandboxUsers::Shared => copy_template(root, template, dir, None).map(|()| None),
+        SandboxUsers::OneUser => {
+            std::fs::create_dir_all(root)?;
+            if let Some(other) = sandbox_dirs(root)?.first() {
+                return Err(io::Error::other(format!(
+                    "this server is not root, so a sandbox cannot run as a user of its own: one sandboxes directory serves one user, and {} has it (run serve as root, or give each user a server of their own)",
+                    other.file_name().to_string_lossy()
+                )));
+            }
+            copy_template(root, template, dir, None).map(|()| None)
+        }
+        SandboxUsers::Own { base, allocating } => {
+            use std::os::unix::fs::PermissionsExt;
+            let _one = allocating.lock().unwrap_or_else(|p| p.into_inner());
+            std::fs::create_dir_all(root)?;
+            std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))?;
+            let uid = next_uid(root, *base)?;
+            copy_template(root, template, dir, Some(uid))?;
+            Ok(Some((uid, uid)))
+        }
+    }
+}
+
+/// Copies `template` to a staging directory under `root` (given to `uid` when there is one) and
+/// renames it to `dir`. The staging name starts with `.`, which no user id does, so it can
+/// never be taken for a sandbox.
+fn copy_template(root: &Path, template: &Path, dir: &Path, uid: Option<u32>) -> io::Result<()> {
     static STAGING: AtomicU64 = AtomicU64::new(0);
     std::fs::create_dir_all(root)?;
     let staging = root.join(format!(
@@ -127,7 +303,8 @@ fn copy_template(root: &Path, template: &Path, dir: &Path) -> io::Result<()> {
         .arg(&staging)
         .output()?;
     let placed = if copied.status.success() {
-        std::fs::rename(&staging, dir)
+        uid.map_or(Ok(()), |uid| give(&staging, uid))
+            .and_then(|()| std::fs::rename(&staging, dir))
     } else {
         Err(io::Error::other(format!(
             "cp -a {} failed: {}",
@@ -220,6 +397,93 @@ mod tests {
             std::fs::read_to_string(dir.join("project/src/index.ts")).unwrap(),
             "template\n"
         );
+    }
+
+    #[tokio::test]
+    async fn a_provider_that_cannot_switch_uids_makes_one_users_sandbox_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let provider =
+            LocalProvider::new(tmp.path().join("sandboxes"), template(tmp.path())).one_user_only();
+        provider.create(&user("alice")).await.unwrap();
+        assert!(provider.connect(&user("alice")).await.is_ok());
+        let refused = provider.create(&user("bob")).await.unwrap_err().to_string();
+        assert!(
+            refused.contains("not root") && refused.contains("alice has it"),
+            "{refused}"
+        );
+        assert!(!provider.dir_of(&user("bob")).exists());
+    }
+
+    #[tokio::test]
+    async fn the_one_users_commands_get_none_of_this_processs_environment() {
+        let tmp = tempfile::tempdir().unwrap();
+        let provider = LocalProvider::new(tmp.path().join("sandboxes"), template(tmp.path()))
+            .with_env("X", "1")
+            .one_user_only();
+        let sandbox = provider.create(&user("alice")).await.unwrap();
+        let out = sandbox
+            .exec(&Exec::new("env", Duration::from_secs(10)))
+            .await
+            .unwrap();
+        let names: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(name, _)| name))
+            .filter(|name| !["PWD", "SHLVL", "_"].contains(name))
+            .collect();
+        let inherited = std::env::vars()
+            .filter(|(name, _)| !["PATH", "LANG", "LC_ALL", "TZ", "HOME"].contains(&name.as_str()))
+            .count();
+        assert!(inherited > 0, "this test process has variables of its own");
+        let mut expected = vec!["HOME", "X"];
+        expected.extend(
+            ["PATH", "LANG", "LC_ALL", "TZ"]
+                .into_iter()
+                .filter(|n| std::env::var_os(n).is_some()),
+        );
+        expected.sort();
+        let mut names = names;
+        names.sort();
+        assert_eq!(names, expected, "{}", out.stdout);
+    }
+
+    /// Each sandbox is a uid of its own; a wiped one's uid is never given again, since what its
+    /// code left running still runs as it. Needs root, as `serve` does for this.
+    #[tokio::test]
+    async fn every_sandbox_gets_a_uid_no_sandbox_ever_had() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let base = 310_000;
+        let provider = LocalProvider::new(tmp.path().join("sandboxes"), template(tmp.path()))
+            .with_own_uids(base);
+        let uid_of = |name: &str| {
+            let meta = std::fs::metadata(provider.dir_of(&user(name))).unwrap();
+            (meta.uid(), meta.mode() & 0o777)
+        };
+        provider.create(&user("alice")).await.unwrap();
+        let bob = provider.create(&user("bob")).await.unwrap();
+        assert_eq!(
+            (uid_of("alice"), uid_of("bob")),
+            ((base, 0o700), (base + 1, 0o700))
+        );
+        let out = bob
+            .exec(&Exec::new(
+                "id -u; id -G; stat -c %u project/src/index.ts",
+                Duration::from_secs(10),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout, format!("{0}\n{0}\n{0}\n", base + 1));
+
+        std::fs::remove_dir_all(provider.dir_of(&user("bob"))).unwrap();
+        provider.create(&user("carol")).await.unwrap();
+        assert_eq!(
+            uid_of("carol"),
+            (base + 2, 0o700),
+            "carol got the wiped bob's uid"
+        );
+        provider.create(&user("bob")).await.unwrap();
+        assert_eq!(uid_of("bob"), (base + 3, 0o700));
     }
 
     #[tokio::test]

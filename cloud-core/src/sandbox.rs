@@ -10,28 +10,30 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 
-/// The cloud process's own secrets, removed from what a [`LocalSandbox`] command inherits.
-pub const SERVER_SECRET_VARS: [&str; 3] = [
-    crate::token::TOKEN_SECRET_ENV,
-    crate::config::SERVICE_TOKEN_ENV,
-    crate::webhook::WEBHOOK_SECRET_ENV,
-];
+use crate::env_names::SERVER_SECRET_VARS;
 
 /// One command: a shell command line (`sh -c`), its environment, working directory and limit.
 /// `Debug` shows the names of the variables, never their values (`PROJECT_TOKEN` is one).
 #[derive(Clone)]
 pub struct Exec {
+    /// The command line, run with `sh -c`.
     pub command: String,
+    /// Variables set for the command, on top of the sandbox's own.
     pub env: BTreeMap<String, SecretString>,
+    /// Where it runs; the sandbox's default when `None`.
     pub cwd: Option<PathBuf>,
+    /// How long it may run before it is killed.
     pub timeout: Duration,
 }
 
 impl Exec {
+    /// `command` with no variables of its own, in the default directory.
     pub fn new(command: impl Into<String>, timeout: Duration) -> Self {
         Self {
             command: command.into(),
@@ -41,12 +43,14 @@ impl Exec {
         }
     }
 
+    /// Sets `name` for the command.
     pub fn env(mut self, name: &str, value: impl Into<String>) -> Self {
         self.env
             .insert(name.to_owned(), SecretString::from(value.into()));
         self
     }
 
+    /// Runs the command in `dir`.
     pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cwd = Some(dir.into());
         self
@@ -67,41 +71,88 @@ impl std::fmt::Debug for Exec {
 /// How a command ended. `exit_code` is `None` when a signal ended it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {
+    /// The exit status; `None` after a signal.
     pub exit_code: Option<i32>,
+    /// What the command printed (lossy UTF-8).
     pub stdout: String,
+    /// What the command printed to stderr (lossy UTF-8).
     pub stderr: String,
 }
 
 impl ExecOutput {
+    /// Exited 0.
     pub fn success(&self) -> bool {
         self.exit_code == Some(0)
     }
 }
 
+/// Why a call into a sandbox failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// The sandbox no longer exists (or its provider does not know it): nothing run in it can
     /// succeed until a new one is created.
     #[error("sandbox {sandbox} is gone")]
-    Gone { sandbox: String },
+    Gone {
+        /// The sandbox's id.
+        sandbox: String,
+    },
+    /// A command ran past its limit and was killed.
     #[error("sandbox {sandbox}: `{command}` did not finish within {timeout:?}")]
     Timeout {
+        /// The sandbox's id.
         sandbox: String,
+        /// The command line.
         command: String,
+        /// Its limit.
         timeout: Duration,
     },
+    /// A command could not be started.
     #[error("sandbox {sandbox}: cannot run `{command}`: {source}")]
     Spawn {
+        /// The sandbox's id.
         sandbox: String,
+        /// The command line.
         command: String,
+        /// Why it could not start.
         source: io::Error,
     },
+    /// The server is stopping: no more commands start (see [`Gate`]).
+    #[error("sandbox {sandbox}: the server is stopping, no command starts now")]
+    Closed {
+        /// The sandbox's id.
+        sandbox: String,
+    },
+    /// A file could not be read or written.
     #[error("sandbox {sandbox}: cannot {action} {path}: {source}")]
     File {
+        /// The sandbox's id.
         sandbox: String,
+        /// `read` or `write`.
         action: &'static str,
+        /// The file.
         path: PathBuf,
+        /// Why it failed.
         source: io::Error,
+    },
+    /// The provider cannot be asked now (a network failure, its rate limit, an outage, a
+    /// stream that broke): the sandbox itself may be fine, and the same call may work later.
+    #[error("sandbox {sandbox}: {source}")]
+    Unavailable {
+        /// The sandbox's name.
+        sandbox: String,
+        /// The provider's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The provider refuses for a reason someone must fix (its credentials, the template,
+    /// the team's quota of sandboxes).
+    #[error("sandbox {sandbox}: {source}")]
+    Refused {
+        /// The sandbox's name.
+        sandbox: String,
+        /// The provider's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -109,6 +160,11 @@ impl SandboxError {
     /// Whether the sandbox itself is gone, as opposed to one command or file failing in it.
     pub fn is_gone(&self) -> bool {
         matches!(self, Self::Gone { .. })
+    }
+
+    /// Whether the same call may succeed later without anyone changing anything.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Timeout { .. } | Self::Unavailable { .. })
     }
 }
 
@@ -151,9 +207,43 @@ pub struct LocalSandbox {
     id: String,
     home: PathBuf,
     base_env: BTreeMap<String, String>,
+    /// The uid and gid every command and file access runs as, when the sandbox has a user of
+    /// its own (`serve --sandboxes-dir` as root).
+    owner: Option<(u32, u32)>,
+    /// Whether its commands start from a cleared environment (see [`CLEARED_BASE_ENV`]).
+    cleared_env: bool,
+    /// Shared by the sandboxes of one server, which closes it when it stops.
+    gate: Option<Arc<Gate>>,
 }
 
+/// What lets a server stop its sandboxes' processes for good: once closed, no command starts
+/// (a background task's `start watcher` after the stop would leave a watcher running).
+#[derive(Debug, Default)]
+pub struct Gate {
+    closed: AtomicBool,
+    /// Held shared by each command while it runs.
+    running: tokio::sync::RwLock<()>,
+}
+
+impl Gate {
+    /// Refuses every command from now on, then waits up to `patience` for the running ones.
+    pub async fn close(&self, patience: Duration) {
+        self.closed.store(true, Ordering::SeqCst);
+        if tokio::time::timeout(patience, self.running.write())
+            .await
+            .is_err()
+        {
+            tracing::warn!(?patience, "sandbox commands still run as the server stops");
+        }
+    }
+}
+
+/// What a command of a sandbox with a cleared environment inherits from this process (besides
+/// the sandbox's own variables): nothing else of the server's environment reaches it.
+const CLEARED_BASE_ENV: [&str; 4] = ["PATH", "LANG", "LC_ALL", "TZ"];
+
 impl LocalSandbox {
+    /// The sandbox `id` at home `home` (`HOME` for its commands).
     pub fn new(id: impl Into<String>, home: impl Into<PathBuf>) -> Self {
         let home = home.into();
         let mut base_env = BTreeMap::new();
@@ -162,9 +252,42 @@ impl LocalSandbox {
             id: id.into(),
             home,
             base_env,
+            owner: None,
+            cleared_env: false,
+            gate: None,
         }
     }
 
+    /// Its commands pass `gate`: none starts once it is closed ([`SandboxError::Closed`]).
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The same sandbox, its commands never refused: the server's own stop of its processes.
+    pub fn ungated(mut self) -> Self {
+        self.gate = None;
+        self
+    }
+
+    /// Every command runs, and every file is read and written, as `uid`:`gid` (with no
+    /// supplementary groups), with a cleared environment: the sandbox's code cannot read this
+    /// process's memory, environment or files, nor another sandbox's. This process must be
+    /// root.
+    pub fn run_as(mut self, uid: u32, gid: u32) -> Self {
+        self.owner = Some((uid, gid));
+        self.with_cleared_env()
+    }
+
+    /// Commands get `PATH`, `LANG`, `LC_ALL`, `TZ` and the sandbox's own variables, nothing
+    /// else of this process's environment (no `DATABASE_URL`, no token state, no secret);
+    /// otherwise they inherit it, the server's secrets removed.
+    pub fn with_cleared_env(mut self) -> Self {
+        self.cleared_env = true;
+        self
+    }
+
+    /// Sets `name` for every command of this sandbox.
     pub fn with_env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.base_env.insert(name.into(), value.into());
         self
@@ -181,6 +304,18 @@ impl Sandbox for LocalSandbox {
     }
 
     async fn exec(&self, exec: &Exec) -> Result<ExecOutput, SandboxError> {
+        let _running = match &self.gate {
+            Some(gate) => {
+                let running = gate.running.read().await;
+                if gate.closed.load(Ordering::SeqCst) {
+                    return Err(SandboxError::Closed {
+                        sandbox: self.id.clone(),
+                    });
+                }
+                Some(running)
+            }
+            None => None,
+        };
         self.ensure_present().await?;
         let ran = self.run(exec).await;
         // A wipe during the command makes it fail in whatever way it happens to: the missing
@@ -196,6 +331,9 @@ impl Sandbox for LocalSandbox {
 
     async fn read_file(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
         self.ensure_present().await?;
+        if self.owner.is_some() {
+            return self.read_as_owner(path).await;
+        }
         match tokio::fs::read(path).await {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) => {
@@ -210,6 +348,9 @@ impl Sandbox for LocalSandbox {
 
     async fn write_file(&self, path: &Path, contents: &[u8]) -> Result<(), SandboxError> {
         self.ensure_present().await?;
+        if self.owner.is_some() {
+            return self.write_as_owner(path, contents).await;
+        }
         let path = path.to_owned();
         let contents = contents.to_vec();
         let home = self.home.clone();
@@ -240,17 +381,96 @@ impl LocalSandbox {
         }
     }
 
-    async fn run(&self, exec: &Exec) -> Result<ExecOutput, SandboxError> {
-        let mut command = tokio::process::Command::new("sh");
-        // The sandbox's commands (the watcher's sync and the dev server it starts) are the
-        // user's: this process's secrets must not reach them through the inherited environment.
-        for var in SERVER_SECRET_VARS {
-            command.env_remove(var);
+    /// `sh -c command` as the sandbox's user, or as this process with its secrets removed.
+    fn shell(&self, command: &str) -> tokio::process::Command {
+        let mut shell = tokio::process::Command::new("sh");
+        if self.cleared_env {
+            shell.env_clear();
+            for name in CLEARED_BASE_ENV {
+                if let Some(value) = std::env::var_os(name) {
+                    shell.env(name, value);
+                }
+            }
+        } else {
+            // The sandbox's commands (the watcher's sync and the dev server it starts) are the
+            // user's: this process's secrets must not reach them through the inherited
+            // environment.
+            for var in SERVER_SECRET_VARS {
+                shell.env_remove(var);
+            }
         }
+        if let Some((uid, gid)) = self.owner {
+            shell.uid(uid).gid(gid).current_dir(&self.home);
+        }
+        shell.arg("-c").arg(command).envs(&self.base_env);
+        shell
+    }
+
+    /// A file read by the sandbox's user (`cat`): a link it planted leads only where that user
+    /// may read.
+    async fn read_as_owner(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        const ABSENT: i32 = 66;
+        let out = self
+            .shell("if [ -e \"$1\" ]; then exec cat -- \"$1\"; else exit 66; fi")
+            .arg("sh")
+            .arg(path)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| self.file_error("read", path, e))?;
+        match out.status.code() {
+            Some(0) => Ok(Some(out.stdout)),
+            Some(ABSENT) => {
+                self.ensure_present().await?;
+                Ok(None)
+            }
+            _ => {
+                self.ensure_present().await?;
+                Err(self.file_error(
+                    "read",
+                    path,
+                    io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+                ))
+            }
+        }
+    }
+
+    /// A file written by the sandbox's user: through a temp file and a rename, mode 0600,
+    /// folders made below the home (which the user cannot re-create once it is gone).
+    async fn write_as_owner(&self, path: &Path, contents: &[u8]) -> Result<(), SandboxError> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut child = self
+            .shell(
+                "umask 077; mkdir -p -- \"$(dirname -- \"$1\")\" && t=\"$1.tmp.$$\" && cat > \"$t\" && mv -f -- \"$t\" \"$1\"",
+            )
+            .arg("sh")
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| self.file_error("write", path, e))?;
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let fed = stdin.write_all(contents).await;
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| self.file_error("write", path, e))?;
+        if out.status.success() && fed.is_ok() {
+            return Ok(());
+        }
+        self.ensure_present().await?;
+        Err(self.file_error(
+            "write",
+            path,
+            io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
+        ))
+    }
+
+    async fn run(&self, exec: &Exec) -> Result<ExecOutput, SandboxError> {
+        let mut command = self.shell(&exec.command);
         command
-            .arg("-c")
-            .arg(&exec.command)
-            .envs(&self.base_env)
             .envs(exec.env.iter().map(|(k, v)| (k, v.expose_secret())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -345,6 +565,46 @@ fn create_dirs_below(home: &Path, dir: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[tokio::test]
+    async fn a_closed_gate_waits_for_the_running_command_and_starts_no_other() {
+        let home = tempfile::tempdir().unwrap();
+        let gate = Arc::new(Gate::default());
+        let sandbox = LocalSandbox::new("local", home.path()).with_gate(gate.clone());
+        let (started, done) = (home.path().join("started"), home.path().join("done"));
+        let slow = Exec::new(
+            format!(
+                "touch '{}'; sleep 0.3; touch '{}'",
+                started.display(),
+                done.display()
+            ),
+            Duration::from_secs(30),
+        );
+        let running = tokio::spawn({
+            let sandbox = sandbox.clone();
+            async move { sandbox.exec(&slow).await }
+        });
+        testkit::wait::until_async(Duration::from_secs(30), "the command to start", || {
+            let seen = started.exists();
+            async move { seen.then_some(()) }
+        })
+        .await;
+        gate.close(Duration::from_secs(30)).await;
+        assert!(
+            done.exists(),
+            "close returned before the running command ended"
+        );
+        assert!(running.await.unwrap().unwrap().success());
+        let refused = sandbox
+            .exec(&Exec::new("true", Duration::from_secs(5)))
+            .await;
+        assert!(
+            matches!(refused, Err(SandboxError::Closed { .. })),
+            "{refused:?}"
+        );
+        let stop = Exec::new("true", Duration::from_secs(5));
+        assert!(sandbox.ungated().exec(&stop).await.unwrap().success());
+    }
 
     #[tokio::test]
     async fn exec_passes_env_and_cwd_and_reports_the_exit_code() {

@@ -1,6 +1,7 @@
 //! Secret values and the restore form: validate what a user submits against the manifest
-//! (reporting every problem at once) and render the `.env` file that `dotenvy` reads back
-//! exactly. Values are redacted in `Debug`/`Display` and zeroed when dropped.
+//! (reporting every problem at once) and render the `.env` file that both `dotenvy` and Node's
+//! `dotenv` (what Next.js, Vite and Mastra read `.env` with) read back exactly. Values are
+//! redacted in `Debug`/`Display` and zeroed when dropped.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -22,6 +23,7 @@ pub const MAX_TOTAL_BYTES: usize = 1024 * 1024;
 pub struct SecretValue(Zeroizing<String>);
 
 impl SecretValue {
+    /// Holds `value` (zeroed when dropped).
     pub fn new(value: impl Into<String>) -> SecretValue {
         SecretValue(Zeroizing::new(value.into()))
     }
@@ -36,6 +38,7 @@ impl SecretValue {
         self.expose().len()
     }
 
+    /// Whether the value is the empty string.
     pub fn is_empty(&self) -> bool {
         self.expose().is_empty()
     }
@@ -68,12 +71,43 @@ impl fmt::Display for SecretValue {
 /// One thing wrong with a submitted form. Names only: a value never appears here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FormProblem {
-    Missing { name: String },
-    Unexpected { name: String },
-    Duplicate { name: String },
-    ContainsNul { name: String },
-    TooLarge { name: String, bytes: usize },
-    TotalTooLarge { bytes: usize },
+    /// A name the project needs was not given.
+    Missing {
+        /// The name.
+        name: String,
+    },
+    /// A name the project does not use.
+    Unexpected {
+        /// The name.
+        name: String,
+    },
+    /// A name given more than once.
+    Duplicate {
+        /// The name.
+        name: String,
+    },
+    /// A value with a NUL byte (no `.env` reader carries one).
+    ContainsNul {
+        /// The name.
+        name: String,
+    },
+    /// A value over the per-value limit.
+    TooLarge {
+        /// The name.
+        name: String,
+        /// The value's length.
+        bytes: usize,
+    },
+    /// A value no `.env` quoting carries exactly to every reader (see [`render_env`]).
+    NoExactForm {
+        /// The name.
+        name: String,
+    },
+    /// All values together over the form's limit.
+    TotalTooLarge {
+        /// Their length together.
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for FormProblem {
@@ -85,6 +119,10 @@ impl fmt::Display for FormProblem {
             }
             FormProblem::Duplicate { name } => write!(f, "{name}: submitted more than once"),
             FormProblem::ContainsNul { name } => write!(f, "{name}: contains a NUL byte"),
+            FormProblem::NoExactForm { name } => write!(
+                f,
+                "{name}: cannot be written to .env so that every tool reads it the same (a value with a ' cannot also hold \", \\, $ or a line break; no value may hold a carriage return or end with \\)"
+            ),
             FormProblem::TooLarge { name, bytes } => {
                 write!(
                     f,
@@ -104,6 +142,7 @@ impl fmt::Display for FormProblem {
 /// A rejected form, with every problem found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct RestoreFormError {
+    /// Every problem, in the order found.
     pub problems: Vec<FormProblem>,
 }
 
@@ -132,7 +171,8 @@ pub struct RestoreForm {
 
 impl RestoreForm {
     /// Checks `submitted` against `manifest`: every listed name present, no other name, no
-    /// duplicate, no NUL byte, each value and the whole within the size limits.
+    /// duplicate, no NUL byte, each value and the whole within the size limits, each value one
+    /// that a `.env` quoting carries exactly.
     pub fn validate(
         manifest: &Manifest,
         submitted: impl IntoIterator<Item = (String, SecretValue)>,
@@ -166,6 +206,8 @@ impl RestoreForm {
                     name: name.clone(),
                     bytes: value.len(),
                 });
+            } else if quoting(value.expose()).is_none() {
+                problems.push(FormProblem::NoExactForm { name: name.clone() });
             }
             values.insert(name, value);
         }
@@ -201,10 +243,13 @@ impl RestoreForm {
 
 /// The `.env` text for `form`, one `NAME=value` line per variable, sorted by name.
 ///
-/// Each value is written in single quotes, which `dotenvy` reads literally (`#`, `$`, `"`,
-/// newlines, unicode). The two characters that cannot sit inside them go outside as escapes:
-/// `'` as `\'`, and `\` as `\\` (inside quotes, dotenvy's line splitter would take `\'` for an
-/// escaped quote and run the value into the next line).
+/// Each value is written in the one form that `dotenvy` and Node's `dotenv` both read exactly
+/// (checked against both): in single quotes, which both read literally (`#`, `$`, `"`, `\`,
+/// line breaks, unicode), when the value has no `'` and does not end with `\` (both readers take
+/// `\'` for an escaped quote and run on); else in double quotes, when it has no `"`, `\`, `$`
+/// or line break (dotenvy unescapes and substitutes inside them, dotenv only turns `\n` into a
+/// line break). [`RestoreForm::validate`] refuses every other value (and any with a carriage
+/// return, which dotenv turns into a line break): no quoting carries it to both.
 pub fn render_env(form: &RestoreForm) -> SecretValue {
     render(form, None)
 }
@@ -223,50 +268,49 @@ fn render(form: &RestoreForm, file: Option<&str>) -> SecretValue {
             _ => None,
         }
     };
-    // Sized for the worst case (`a'a'...` costs 3 bytes per character) so the buffer never
-    // grows: a reallocation would leave an unzeroed copy of the secrets behind.
+    // Sized exactly so the buffer never grows: a reallocation would leave an unzeroed copy of
+    // the secrets behind.
     let capacity = form
         .iter()
-        .filter(|(name, _)| of_file(name).is_some())
-        .map(|(name, value)| name.len() + 3 * value.len() + 4)
+        .filter_map(|(name, value)| Some(name.len() - of_file(name)? + value.len() + 4))
         .sum();
     let mut out = String::with_capacity(capacity);
     for (name, value) in form.iter() {
         let Some(skip) = of_file(name) else { continue };
         out.push_str(&name[skip..]);
         out.push('=');
-        push_quoted(&mut out, value.expose());
+        let quote = match quoting(value.expose()) {
+            Some(Quoting::Single) => '\'',
+            Some(Quoting::Double) => '"',
+            None => unreachable!("RestoreForm::validate refuses a value with no exact form"),
+        };
+        out.push(quote);
+        out.push_str(value.expose());
+        out.push(quote);
         out.push('\n');
     }
-    debug_assert!(out.len() <= capacity);
+    debug_assert_eq!(out.len(), capacity);
     SecretValue::new(out)
 }
 
-fn push_quoted(out: &mut String, value: &str) {
-    let mut open = false;
-    for c in value.chars() {
-        match c {
-            '\'' | '\\' => {
-                if open {
-                    out.push('\'');
-                    open = false;
-                }
-                out.push('\\');
-                out.push(c);
-            }
-            _ => {
-                if !open {
-                    out.push('\'');
-                    open = true;
-                }
-                out.push(c);
-            }
-        }
-    }
-    if open {
-        out.push('\'');
-    } else if value.is_empty() {
-        out.push_str("''");
+/// The quotes a `.env` value is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quoting {
+    Single,
+    Double,
+}
+
+/// How `value` is written so that dotenvy and Node's dotenv both read exactly it; `None` when
+/// no quoting does.
+fn quoting(value: &str) -> Option<Quoting> {
+    if value.contains(['\r', '\0']) {
+        None
+    } else if !value.contains('\'') && !value.ends_with('\\') {
+        Some(Quoting::Single)
+    } else if !value.contains(['"', '\\', '$', '\n']) {
+        Some(Quoting::Double)
+    } else {
+        None
     }
 }
 
@@ -355,17 +399,14 @@ mod tests {
             "it's",
             "'",
             "''",
-            "\\",
-            "ends with backslash\\",
-            "\\'",
-            "'\\",
+            "a \\ inside",
             "\"double\" quotes",
+            "it's #1 and {braces} = fine",
             "# not a comment",
             "a #hash",
             "$HOME and ${HOME} and $",
             "line 1\nline 2\n",
             "\n",
-            "crlf\r\nend\r",
             "tab\there",
             "unicode: ключ 🔑 \u{2028} \u{85}",
             "=equals=",
@@ -375,19 +416,41 @@ mod tests {
         }
         round_trip(&[
             ("A", "one\nA=two"),
-            ("B", "'\n#"),
+            ("B", "\"\n#"),
             ("C.d", "x"),
             ("export", "y"),
         ]);
     }
 
     #[test]
-    fn render_never_outgrows_its_buffer() {
-        for value in ["a'a'a'a", "''''", r"\\\\", r"a\a\", "", "ключ'"] {
+    fn values_no_quoting_carries_to_both_readers_are_refused() {
+        for value in [
+            "x'\nNODE_OPTIONS=--require /tmp/evil.js #",
+            "it's \"quoted\"",
+            "it's $HOME",
+            "it's a \\",
+            "ends with backslash\\",
+            "\\",
+            "crlf\r\nend",
+            "\r",
+        ] {
+            let refused =
+                RestoreForm::validate(&manifest(&["K"]), form(&[("K", value)])).unwrap_err();
+            assert_eq!(
+                refused.problems,
+                [FormProblem::NoExactForm { name: "K".into() }],
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn render_fills_its_buffer_exactly() {
+        for value in ["a'a'a'a", "''''", r"\\\\a", r"a\a", "", "ключ'"] {
             let validated =
                 RestoreForm::validate(&manifest(&["K"]), form(&[("K", value)])).unwrap();
             let env = render_env(&validated);
-            assert!(env.expose().len() <= 1 + 3 * value.len() + 4, "{value:?}");
+            assert_eq!(env.expose().len(), 1 + value.len() + 4, "{value:?}");
             round_trip(&[("K", value)]);
         }
     }
@@ -397,7 +460,7 @@ mod tests {
         let validated =
             RestoreForm::validate(&manifest(&["B", "A"]), form(&[("A", "x'y"), ("B", "")]))
                 .unwrap();
-        assert_eq!(render_env(&validated).expose(), "A='x'\\''y'\nB=''\n");
+        assert_eq!(render_env(&validated).expose(), "A=\"x'y\"\nB=''\n");
     }
 
     #[test]
@@ -482,22 +545,33 @@ mod tests {
 
         #[test]
         fn render_then_dotenvy_round_trips(
-            vars in prop::collection::btree_map(name_strategy(), "[^\u{0}]{0,40}", 1..6),
+            vars in prop::collection::btree_map(name_strategy(), "[^\u{0}\r']{0,40}", 1..6),
         ) {
             let submitted: Vec<(String, SecretValue)> = vars.iter().map(|(k, v)| (k.clone(), SecretValue::from(v.as_str()))).collect();
-            let validated = RestoreForm::validate(&Manifest::new(vars.keys().cloned()).unwrap(), submitted).unwrap();
-            let env = render_env(&validated);
-            let parsed: Vec<(String, String)> = dotenvy::from_read_iter(env.expose().as_bytes()).collect::<Result<_, _>>().unwrap();
-            let expected: Vec<(String, String)> = vars.into_iter().collect();
-            prop_assert_eq!(parsed, expected);
+            match RestoreForm::validate(&Manifest::new(vars.keys().cloned()).unwrap(), submitted) {
+                Ok(validated) => {
+                    let env = render_env(&validated);
+                    let parsed: Vec<(String, String)> = dotenvy::from_read_iter(env.expose().as_bytes()).collect::<Result<_, _>>().unwrap();
+                    let expected: Vec<(String, String)> = vars.into_iter().collect();
+                    prop_assert_eq!(parsed, expected);
+                }
+                Err(refused) => {
+                    // Only a value ending with a backslash has no form here.
+                    prop_assert!(vars.values().any(|v| v.ends_with('\\')), "{:?}", refused.problems);
+                }
+            }
         }
 
         #[test]
-        fn round_trips_values_made_of_special_characters(value in "['\\\\\"#$ \n\r\t=a{}]{0,30}") {
-            let validated = RestoreForm::validate(&manifest(&["K"]), vec![("K".into(), SecretValue::from(value.as_str()))]).unwrap();
-            let env = render_env(&validated);
-            let parsed: Vec<(String, String)> = dotenvy::from_read_iter(env.expose().as_bytes()).collect::<Result<_, _>>().unwrap();
-            prop_assert_eq!(parsed, vec![("K".to_owned(), value)]);
+        fn special_characters_round_trip_or_are_refused_for_having_no_form(value in "['\\\\\"#$ \n\r\t=a{}]{0,30}") {
+            match RestoreForm::validate(&manifest(&["K"]), vec![("K".into(), SecretValue::from(value.as_str()))]) {
+                Ok(validated) => {
+                    let env = render_env(&validated);
+                    let parsed: Vec<(String, String)> = dotenvy::from_read_iter(env.expose().as_bytes()).collect::<Result<_, _>>().unwrap();
+                    prop_assert_eq!(parsed, vec![("K".to_owned(), value)]);
+                }
+                Err(refused) => prop_assert_eq!(refused.problems, vec![FormProblem::NoExactForm { name: "K".into() }]),
+            }
         }
     }
 }

@@ -24,14 +24,18 @@ use shmastra_contract::SyncFailure;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
+use crate::api;
+use crate::api::keys::ApiKeys;
+use crate::client::ClientAddr;
 use crate::config::Config;
+use crate::env_names::{SERVER_SECRET_VARS, WEBHOOK_SECRET_ENV};
+use crate::event::{ExternalPush, OnExternalPush};
 use crate::gitlab::GitLab;
+use crate::hosts::embedded::EmbeddedUpstream;
 use crate::http_backend::Children;
-use crate::orchestrate::SyncOutcome;
-use crate::proxy::embedded::EmbeddedUpstream;
-use crate::proxy::events::OnExternalPush;
 use crate::proxy::upstream::{HttpUpstream, Upstream};
-use crate::proxy::{ClientAddr, ExternalPush, Proxy, ProxyLimits};
+use crate::proxy::{Proxy, ProxyLimits};
+use crate::status::SyncOutcome;
 use crate::store::generations::StoreGenerations;
 use crate::store::jobs::SyncJobs;
 use crate::store::memory::MemoryStore;
@@ -39,7 +43,7 @@ use crate::store::postgres::PostgresStore;
 use crate::store::{Store, StoreError, replica_name};
 use crate::token::TokenSigner;
 use crate::web::sandboxes::LocalSandboxes;
-use crate::web::{WebConfig, workspace};
+use crate::web::{WebConfig, WorkspaceError, workspace};
 use crate::webhook::Webhook;
 
 /// Where the proxy forwards to.
@@ -75,14 +79,19 @@ impl Default for ConnectionLimits {
 
 /// Everything `serve` needs, validated by the caller.
 pub struct ServeConfig {
+    /// Where to listen (`--listen`); port 0 picks one.
     pub listen: SocketAddr,
+    /// Where the proxy forwards to.
     pub upstream: UpstreamChoice,
+    /// Verifies project tokens; signs sign-in links and sessions.
     pub signer: TokenSigner,
     /// `GITLAB_WEBHOOK_SECRET`; without it the webhook route is not mounted.
     pub webhook_secret: Option<SecretString>,
     /// `--on-external-push`: a shell command run per external push.
     pub on_external_push: Option<String>,
+    /// Bounds on each proxied request.
     pub limits: ProxyLimits,
+    /// Bounds on connections.
     pub connections: ConnectionLimits,
     /// The embedded upstream protects `main`, `recovery/*` and tags unless this is set
     /// (`--allow-history-rewrite`).
@@ -97,43 +106,52 @@ pub struct ServeConfig {
     /// How long a replica's claim on a sync job holds without renewal: a replica that dies
     /// mid-run leaves the job to another within this time.
     pub sync_lease: Duration,
+    /// With a database: how long this replica accepts tokens while it cannot read the token
+    /// revocations (`--token-state-max-age`); past it every token gets 503 and `/healthz` says
+    /// unhealthy.
+    pub token_state_max_age: Duration,
     /// The workspace page: public URL, sandboxes on this machine.
     pub web: WebConfig,
+    /// `SHMASTRA_API_KEY`: the control API's keys; without them `/api/v1/` answers that it is
+    /// off (its OpenAPI document is served all the same).
+    pub api_keys: Option<ApiKeys>,
 }
 
+/// Why `serve` could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
+        /// `--listen`.
         addr: SocketAddr,
+        /// Why.
         source: std::io::Error,
     },
+    /// `--upstream-dir` cannot be used.
     #[error("cannot use {dir} as the upstream directory: {source}")]
     UpstreamDir {
+        /// The directory.
         dir: PathBuf,
+        /// Why.
         source: std::io::Error,
     },
-    #[error("cannot set up the sandboxes directory {dir}: {source}")]
-    SandboxesDir {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
+    /// The workspace page's sandboxes cannot be set up.
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
+    /// The GitLab client or upstream cannot be made.
     #[error("cannot set up the GitLab upstream: {0}")]
     GitLab(String),
+    /// A `--sync-env` name is one of the server's secrets.
     #[error("--sync-env {0}: a server secret is never passed to the sync command")]
     SecretInSyncEnv(String),
+    /// The accept loop failed.
     #[error("the server failed: {0}")]
     Server(std::io::Error),
+    /// The database cannot be used at start (unreachable, migration).
     #[error("cannot start on the database: {0}")]
     Database(StoreError),
 }
-
-/// Env vars the sync command must never inherit.
-const SECRET_VARS: [&str; 3] = [
-    crate::token::TOKEN_SECRET_ENV,
-    crate::config::SERVICE_TOKEN_ENV,
-    crate::webhook::WEBHOOK_SECRET_ENV,
-];
 
 /// What the sync command inherits from the server's environment, besides `--sync-env`.
 const SYNC_BASE_ENV: [&str; 7] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR"];
@@ -156,14 +174,22 @@ pub async fn serve(
             source,
         })?;
     let addr = listener.local_addr().map_err(ServeError::Server)?;
+    // Nothing of this process (its memory, its environment with the signing secret) is for
+    // another process of the same uid to read: no core dumps, no ptrace, `/proc/<pid>/environ`
+    // root's alone.
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        tracing::warn!(error = %e, "cannot make this process non-dumpable");
+    }
     let mut config = config;
-    let (store, _generations): (Arc<dyn Store>, _) = match &config.database {
+    let (store, generations): (Arc<dyn Store>, _) = match &config.database {
         Some(pool) => {
             let store: Arc<dyn Store> = PostgresStore::connect(pool.clone())
                 .await
                 .map_err(ServeError::Database)?;
             let generations = Arc::new(
-                StoreGenerations::start(store.clone())
+                StoreGenerations::start(store.clone(), config.token_state_max_age)
                     .await
                     .map_err(ServeError::Database)?,
             );
@@ -189,6 +215,7 @@ pub async fn serve(
     let shared = Shared {
         store: config.database.is_some().then_some(store),
         jobs: Some(jobs),
+        generations,
     };
     let (app, children, sandboxes) = app_with_children(&config, on_external_push, shared, addr)?;
     tracing::info!(%addr, max_connections = config.connections.max_connections, "listening");
@@ -292,6 +319,9 @@ pub fn app(
 struct Shared {
     store: Option<Arc<dyn Store>>,
     jobs: Option<Arc<SyncJobs>>,
+    /// The token revocations followed from the database, whose freshness is the database's
+    /// health.
+    generations: Option<Arc<StoreGenerations>>,
 }
 
 /// [`app`], the embedded upstream's `git http-backend` children to end at shutdown, and the
@@ -302,15 +332,6 @@ fn app_with_children(
     shared: Shared,
     listen: SocketAddr,
 ) -> Result<(Router, Option<Children>, Option<LocalSandboxes>), ServeError> {
-    let sandboxes_dir = |source| ServeError::SandboxesDir {
-        dir: config
-            .web
-            .sandboxes
-            .as_ref()
-            .map(|s| s.root.clone())
-            .unwrap_or_default(),
-        source,
-    };
     let mut children = None;
     let mut gitlab_client = None;
     let page;
@@ -334,8 +355,7 @@ fn app_with_children(
                 &config.web,
                 listen,
                 shared.store.clone(),
-            )
-            .map_err(sandboxes_dir)?;
+            )?;
             Arc::new(upstream)
         }
         UpstreamChoice::GitLab(gitlab_config) => {
@@ -349,8 +369,7 @@ fn app_with_children(
                 &config.web,
                 listen,
                 shared.store.clone(),
-            )
-            .map_err(sandboxes_dir)?;
+            )?;
             let upstream = HttpUpstream::new(
                 Arc::new(gitlab),
                 "oauth2",
@@ -360,13 +379,11 @@ fn app_with_children(
             Arc::new(upstream)
         }
     };
-    let on_external_push = match page.on_push {
-        Some(sync) => Arc::new(move |push: ExternalPush| {
-            on_external_push(push.clone());
-            sync(push);
-        }) as OnExternalPush,
-        None => on_external_push,
-    };
+    let page_on_push = page.on_push;
+    let on_external_push = Arc::new(move |push: ExternalPush| {
+        on_external_push(push.clone());
+        page_on_push(push);
+    }) as OnExternalPush;
     let proxy = Proxy::new(
         config.signer.clone(),
         upstream,
@@ -378,23 +395,43 @@ fn app_with_children(
     }
     let health = proxy.clone();
     let jobs = shared.jobs.clone();
+    let generations = shared.generations.clone();
     let mut app = Router::new()
         .route(
             "/healthz",
             get(move || async move {
-                // Git traffic needs no database: without one the replica is degraded (syncs
-                // wait in memory), not unhealthy.
-                match (health.health(), jobs.as_ref().and_then(|j| j.degraded())) {
+                // Git traffic needs no database while the token revocations are fresh: the
+                // replica is degraded (syncs wait in memory), not unhealthy. Past their limit
+                // every token is refused, and the balancer should drain it.
+                let database = match generations.as_ref().map(|g| g.health()) {
+                    Some(Err(why)) => Err(why),
+                    Some(Ok(Some(why))) => Ok(Some(why)),
+                    Some(Ok(None)) | None => Ok(jobs.as_ref().and_then(|j| j.degraded())),
+                };
+                match (health.health(), database) {
                     (Err(why), _) => (
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!("unhealthy: {why}\n"),
                     ),
-                    (Ok(()), Some(why)) => (StatusCode::OK, format!("degraded: database: {why}\n")),
-                    (Ok(()), None) => (StatusCode::OK, "ok\n".to_owned()),
+                    (Ok(()), Err(why)) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("unhealthy: database: {why}\n"),
+                    ),
+                    (Ok(()), Ok(Some(why))) => {
+                        (StatusCode::OK, format!("degraded: database: {why}\n"))
+                    }
+                    (Ok(()), Ok(None)) => (StatusCode::OK, "ok\n".to_owned()),
                 }
             }),
         )
         .nest("/api/git", proxy.router())
+        .merge(api::router(
+            config.api_keys.clone(),
+            page.control,
+            config.signer.clone(),
+            shared.store.clone(),
+            config.web.public_url.clone(),
+        ))
         .merge(page.router);
     match (&config.webhook_secret, gitlab_client) {
         (Some(secret), Some(gitlab)) => {
@@ -417,11 +454,11 @@ fn app_with_children(
         }
         (Some(_), None) => tracing::warn!(
             "{} is set, but the upstream is not GitLab: the GitLab webhook is off",
-            crate::webhook::WEBHOOK_SECRET_ENV
+            WEBHOOK_SECRET_ENV
         ),
         (None, _) => tracing::info!(
             "{} is not set: the GitLab webhook is off",
-            crate::webhook::WEBHOOK_SECRET_ENV
+            WEBHOOK_SECRET_ENV
         ),
     }
     Ok((app, children, page.sandboxes))
@@ -438,7 +475,10 @@ fn sync_runner(
     + 'static,
     ServeError,
 > {
-    if let Some(secret) = sync_env.iter().find(|n| SECRET_VARS.contains(&n.as_str())) {
+    if let Some(secret) = sync_env
+        .iter()
+        .find(|n| SERVER_SECRET_VARS.contains(&n.as_str()))
+    {
         return Err(ServeError::SecretInSyncEnv(secret.clone()));
     }
     let inherited: Arc<Vec<(String, std::ffi::OsString)>> = Arc::new(

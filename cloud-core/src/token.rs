@@ -22,10 +22,8 @@ use secrecy::{ExposeSecret, SecretString};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+use crate::env_names::{TOKEN_SECRET_ENV, TOKEN_STATE_ENV};
 use crate::user::UserId;
-
-/// The env var holding the signing secret, shared by `token mint` and `serve`.
-pub const TOKEN_SECRET_ENV: &str = "SHMASTRA_TOKEN_SECRET";
 
 /// Fewest secret bytes accepted: below 32 a secret is guessable offline from one token.
 pub const MIN_SECRET_LEN: usize = 32;
@@ -35,30 +33,55 @@ const DOMAIN: &[u8] = b"shmastra-project-token-v1\0";
 const VERSION_2: &str = "v2";
 const DOMAIN_2: &[u8] = b"shmastra-project-token-v2\0";
 
-/// The env var naming the token generation directory (`serve` and `token` read it).
-pub const TOKEN_STATE_ENV: &str = "SHMASTRA_TOKEN_STATE";
-
 /// Why the token generations cannot be read or changed.
 #[derive(Debug, thiserror::Error)]
 pub enum GenerationError {
+    /// A generation file could not be read.
     #[error("cannot read the token generation of {user} from {path}: {source}")]
     Read {
+        /// Whose generation.
         user: UserId,
+        /// The file.
         path: std::path::PathBuf,
+        /// Why.
         source: std::io::Error,
     },
+    /// A generation file that does not hold a number.
     #[error("the token generation file {path} does not hold a number")]
-    Corrupt { path: std::path::PathBuf },
+    Corrupt {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+    /// The generations were last read too long ago to be trusted: a revocation made meanwhile
+    /// would be missed, so every token is refused until they are read again.
+    #[error(
+        "the token revocations were last read from the database {age_secs}s ago, longer than the {limit_secs}s a replica trusts them: tokens are refused until the database answers"
+    )]
+    Stale {
+        /// Seconds since the last read.
+        age_secs: u64,
+        /// The limit.
+        limit_secs: u64,
+    },
+    /// A revocation with nowhere to record it.
     #[error("{TOKEN_STATE_ENV} is not set: there is nowhere to record a revocation")]
     NoStore,
+    /// The generations are the database's; this signer cannot change them.
     #[error(
         "token generations are kept in the database: revoke with `shmastra-cloud token revoke` and DATABASE_URL"
     )]
     InDatabase,
+    /// The database did not take the revocation.
+    #[error("cannot record the revocation in the database now: {0}")]
+    Unavailable(String),
+    /// A generation file could not be written.
     #[error("cannot write the token generation of {user} to {path}: {source}")]
     Write {
+        /// Whose generation.
         user: UserId,
+        /// The file.
         path: std::path::PathBuf,
+        /// Why.
         source: std::io::Error,
     },
 }
@@ -79,6 +102,7 @@ pub struct GenerationDir {
 }
 
 impl GenerationDir {
+    /// Generations kept in `dir` (made on the first revocation).
     pub fn new(dir: impl Into<std::path::PathBuf>) -> GenerationDir {
         GenerationDir { dir: dir.into() }
     }
@@ -126,16 +150,25 @@ const MAX_TOKEN_LEN: usize = 256;
 /// Why a secret cannot sign tokens.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenSecretError {
+    /// No secret is set.
     #[error("{TOKEN_SECRET_ENV} is not set (generate one with `openssl rand -hex 32`)")]
     Missing,
+    /// Fewer than 32 bytes.
     #[error(
         "{TOKEN_SECRET_ENV} is {len} bytes; at least {MIN_SECRET_LEN} are needed (generate one with `openssl rand -hex 32`)"
     )]
-    TooShort { len: usize },
+    TooShort {
+        /// Its length.
+        len: usize,
+    },
+    /// Fewer than 8 different byte values.
     #[error(
         "{TOKEN_SECRET_ENV} uses only {distinct} different characters; a secret must be random (generate one with `openssl rand -hex 32`)"
     )]
-    Weak { distinct: usize },
+    Weak {
+        /// How many different byte values it uses.
+        distinct: usize,
+    },
 }
 
 /// Fewest different byte values a secret must use: a repeated character or a short repeated
@@ -149,6 +182,16 @@ pub fn distinct_bytes(secret: &[u8]) -> usize {
         seen[usize::from(b)] = true;
     }
     seen.iter().filter(|&&s| s).count()
+}
+
+/// Why a project token is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenRefusal {
+    /// Not a token of this server's, or one of an earlier generation.
+    Invalid,
+    /// The generations cannot be read now (or are too old to trust): the token may be valid;
+    /// try again later.
+    Unavailable(String),
 }
 
 /// Mints and verifies project tokens with one server secret.
@@ -236,6 +279,11 @@ impl TokenSigner {
         Ok(self.mint_generation(user, self.generation(user)?))
     }
 
+    /// The user's token at `generation` (the one the store just moved them to).
+    pub(crate) fn mint_at(&self, user: &UserId, generation: u64) -> String {
+        self.mint_generation(user, generation)
+    }
+
     fn mint_generation(&self, user: &UserId, generation: u64) -> String {
         let mut mac = self.keyed.clone();
         let encoded_user = URL_SAFE_NO_PAD.encode(user.as_str());
@@ -273,6 +321,28 @@ impl TokenSigner {
     /// for a token of an earlier generation than the user's current one. A generation store
     /// that cannot be read refuses the token (and logs why).
     pub fn verify(&self, token: &str) -> Option<UserId> {
+        self.check(token).ok()
+    }
+
+    /// [`TokenSigner::verify`], telling a token that is not valid from one that cannot be
+    /// judged now (the generations cannot be read, or are too old to trust).
+    pub fn check(&self, token: &str) -> Result<UserId, TokenRefusal> {
+        self.check_signature(token).ok_or(TokenRefusal::Invalid)
+            .and_then(|(user, generation)| match self.generation(&user) {
+                Ok(current) if current == generation => Ok(user),
+                Ok(_) => {
+                    tracing::info!(%user, generation, "a revoked project token was presented");
+                    Err(TokenRefusal::Invalid)
+                }
+                Err(e) => {
+                    tracing::error!(%user, error = %e, "cannot check the token generation; refusing the token");
+                    Err(TokenRefusal::Unavailable(e.to_string()))
+                }
+            })
+    }
+
+    /// The user and generation of a token this signer minted, whatever the current generation.
+    fn check_signature(&self, token: &str) -> Option<(UserId, u64)> {
         if token.len() > MAX_TOKEN_LEN {
             return None;
         }
@@ -293,17 +363,7 @@ impl TokenSigner {
         if !bool::from(expected.as_bytes().ct_eq(token.as_bytes())) {
             return None;
         }
-        match self.generation(&user) {
-            Ok(current) if current == generation => Some(user),
-            Ok(_) => {
-                tracing::info!(%user, generation, "a revoked project token was presented");
-                None
-            }
-            Err(e) => {
-                tracing::error!(%user, error = %e, "cannot check the token generation; refusing the token");
-                None
-            }
-        }
+        Some((user, generation))
     }
 }
 

@@ -17,15 +17,14 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::UserId;
-use crate::gitlab::GitLab;
-use crate::proxy::client_of;
-use crate::proxy::events::{ExternalPush, OnExternalPush, RecentPushes};
+use crate::client::client_of;
+use crate::env_names::WEBHOOK_SECRET_ENV;
+use crate::event::{ExternalPush, OnExternalPush};
+use crate::project_path::{Owner, ProjectPath};
+use crate::proxy::events::RecentPushes;
 use crate::store::Store;
 use crate::token::{MIN_DISTINCT_BYTES, distinct_bytes};
-
-/// The env var holding the expected `X-Gitlab-Token`.
-pub const WEBHOOK_SECRET_ENV: &str = "GITLAB_WEBHOOK_SECRET";
+use crate::user::UserId;
 
 /// Fewest bytes of a webhook secret: it is a bearer token anyone who learns it can use.
 pub const MIN_WEBHOOK_SECRET_LEN: usize = 16;
@@ -36,14 +35,22 @@ const REMEMBERED_DELIVERIES: usize = 4096;
 /// Why a webhook secret is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WebhookSecretError {
+    /// Fewer than 16 bytes.
     #[error(
         "{WEBHOOK_SECRET_ENV} is {len} bytes; at least {MIN_WEBHOOK_SECRET_LEN} are needed (generate one with `openssl rand -hex 32`)"
     )]
-    TooShort { len: usize },
+    TooShort {
+        /// Its length.
+        len: usize,
+    },
+    /// Fewer than 8 different byte values.
     #[error(
         "{WEBHOOK_SECRET_ENV} uses only {distinct} different characters; it must be random (generate one with `openssl rand -hex 32`)"
     )]
-    Weak { distinct: usize },
+    Weak {
+        /// How many different byte values it uses.
+        distinct: usize,
+    },
 }
 
 /// Validates a webhook secret: long enough and not a repeated character or short pattern.
@@ -58,14 +65,19 @@ pub fn webhook_secret(value: &str) -> Result<SecretString, WebhookSecretError> {
     Ok(SecretString::from(value))
 }
 
-/// Where the webhook learns the full path of the group that holds the user projects.
+/// Where the webhook learns the full path of the group that holds the user projects, and
+/// whose project a pushed path is.
 pub trait GroupPath: Send + Sync + 'static {
+    /// The group's full path (`shmastra/users`), or why it cannot be had now.
     fn group_path(&self) -> BoxFuture<'_, Result<String, String>>;
-}
 
-impl GroupPath for GitLab {
-    fn group_path(&self) -> BoxFuture<'_, Result<String, String>> {
-        Box::pin(async move { GitLab::group_path(self).await.map_err(|e| e.to_string()) })
+    /// The user whose project `path` is, in the group `group`; by default the project path
+    /// template's default, `<group>/<user>`.
+    fn owner_of(&self, group: &str, path: &str) -> Option<UserId> {
+        match ProjectPath::default().owner(group, path) {
+            Owner::User(user) => Some(user),
+            Owner::Prefix(_) | Owner::Nobody => None,
+        }
     }
 }
 
@@ -133,11 +145,11 @@ struct PayloadProject {
     path_with_namespace: String,
 }
 
-/// Decides about one push payload. Pure apart from reading `recent`. `group_path` is the full
-/// path of the group holding the user projects: a project anywhere else is no user's.
+/// Decides about one push payload. Pure apart from reading `recent`. `owner` says whose
+/// project a `path_with_namespace` is (`None`: no user's, e.g. outside the group).
 pub fn decide(
     payload: &[u8],
-    group_path: &str,
+    owner: &dyn Fn(&str) -> Option<UserId>,
     recent: &RecentPushes,
 ) -> Result<Delivery, serde_json::Error> {
     #[derive(Deserialize)]
@@ -155,18 +167,12 @@ pub fn decide(
     if payload.after.bytes().all(|b| b == b'0') {
         return Ok(Delivery::Ignored("branch deleted"));
     }
-    // Each user's project is `<group path>/<user id>` (see `gitlab::ensure_user_project`),
-    // spelled exactly as GitLab spells the group.
-    let project_path = payload.project.path_with_namespace;
-    let Some(last) = project_path
-        .strip_prefix(group_path)
-        .and_then(|rest| rest.strip_prefix('/'))
-        .filter(|rest| !rest.contains('/'))
-    else {
-        return Ok(Delivery::Ignored("project is not in the configured group"));
-    };
-    let Ok(user) = UserId::parse(last) else {
-        return Ok(Delivery::Ignored("project path is not a user id"));
+    // Each user's project is where the project path template puts it in the group (see
+    // `gitlab::ensure_user_project`), spelled exactly as GitLab spells the group.
+    let Some(user) = owner(&payload.project.path_with_namespace) else {
+        return Ok(Delivery::Ignored(
+            "project is no user's (not in the group, or not at a path the project path template gives)",
+        ));
     };
     let push = ExternalPush {
         user,
@@ -283,7 +289,8 @@ async fn receive(State(hook): State<Arc<Webhook>>, request: Request) -> Response
                 .into_response();
         }
     };
-    let mut decided = decide(&body, &group_path, &hook.recent);
+    let owner = |path: &str| hook.group.owner_of(&group_path, path);
+    let mut decided = decide(&body, &owner, &hook.recent);
     if decided.is_ok() {
         hook.deliveries.record(ids.clone());
         if let Some(store) = &hook.store {
@@ -334,6 +341,8 @@ mod tests {
     use super::*;
 
     const OID: &str = "1111111111111111111111111111111111111111";
+    const NOBODYS: &str =
+        "project is no user's (not in the group, or not at a path the project path template gives)";
 
     fn payload(kind: &str, refname: &str, after: &str, project: &str) -> Vec<u8> {
         serde_json::json!({
@@ -358,9 +367,13 @@ mod tests {
         }
     }
 
+    fn owner(path: &str) -> Option<UserId> {
+        "shmastra/users".to_owned().owner_of("shmastra/users", path)
+    }
+
     fn check(input: &[u8], recent: &RecentPushes, expected: Delivery) {
         assert_eq!(
-            decide(input, "shmastra/users", recent).expect("parses"),
+            decide(input, &owner, recent).expect("parses"),
             expected,
             "{}",
             String::from_utf8_lossy(input)
@@ -387,7 +400,7 @@ mod tests {
             check(
                 &payload("push", main, OID, elsewhere),
                 &none,
-                Delivery::Ignored("project is not in the configured group"),
+                Delivery::Ignored(NOBODYS),
             );
         }
         check(
@@ -408,15 +421,15 @@ mod tests {
         check(
             &payload("push", main, OID, "shmastra/users/..evil"),
             &none,
-            Delivery::Ignored("project path is not a user id"),
+            Delivery::Ignored(NOBODYS),
         );
         check(
             br#"{"object_kind":"merge_request"}"#,
             &none,
             Delivery::Ignored("not a push event"),
         );
-        assert!(decide(b"not json", "g", &none).is_err());
-        assert!(decide(br#"{"object_kind":"push"}"#, "g", &none).is_err());
+        assert!(decide(b"not json", &owner, &none).is_err());
+        assert!(decide(br#"{"object_kind":"push"}"#, &owner, &none).is_err());
     }
 
     #[test]

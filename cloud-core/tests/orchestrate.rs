@@ -5,7 +5,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cloud_core::Config;
@@ -13,15 +13,17 @@ use cloud_core::GitLab;
 use cloud_core::LocalSandbox;
 use cloud_core::TokenSigner;
 use cloud_core::UserId;
+use cloud_core::contract::failure::TAIL_LINES;
 use cloud_core::{
     BackfillOutcome, Orchestrator, Persistence, Provisioned, SandboxLayout, SandboxStatus,
-    StatusSink, SyncFailure, SyncOutcome,
+    SyncFailure, SyncOutcome,
 };
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use secrecy::SecretString;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_repo};
+use testkit::statuses::Statuses;
 
 struct World {
     tmp: tempfile::TempDir,
@@ -88,7 +90,9 @@ fn layout(watcher_bin: &Path) -> SandboxLayout {
         install_cmd: None,
         failure_file: "sync-failure".into(),
         command_timeout: Duration::from_secs(30),
-        sync_timeout: Duration::from_secs(60),
+        sync_timeout: testkit::wait::PATIENCE,
+        health: None,
+        exclude: Vec::new(),
     }
 }
 
@@ -98,27 +102,6 @@ fn log(sandbox_home: &Path) -> String {
 
 fn user(name: &str) -> UserId {
     UserId::parse(name).unwrap()
-}
-
-#[derive(Default)]
-struct Statuses(Mutex<Vec<(String, SandboxStatus)>>);
-
-impl StatusSink for Statuses {
-    fn set_status(&self, sandbox: &str, status: SandboxStatus) {
-        self.0.lock().unwrap().push((sandbox.to_owned(), status));
-    }
-}
-
-impl Statuses {
-    fn of(&self, sandbox: &str) -> Vec<SandboxStatus> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(s, _)| s == sandbox)
-            .map(|(_, st)| st.clone())
-            .collect()
-    }
 }
 
 /// A stand-in for `project-watcher sync` that records its arguments, can be held until a
@@ -132,6 +115,11 @@ echo "$@" >> "$HOME/watcher-args"
 fail=; [ -f "$HOME/fail-install" ] && fail=1
 echo run >> "$HOME/sync-runs"
 while [ -f "$HOME/hold-sync" ]; do sleep 0.02; done
+if [ -f "$HOME/crash-sync" ]; then
+  echo 'npm ERR! Missing: left-pad@1.3.0 from lock file' >&2
+  i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo "npm usage: --omit <dep type> ($i)" >&2; done
+  exit 1
+fi
 if [ -n "$fail" ]; then
   while [ $# -gt 0 ]; do [ "$1" = --failure-file ] && ff="$2"; shift; done
   printf 'step: install\nerror: `npm ci` failed (exit status: 1)\nnpm ERR! missing script\n' > "$ff"
@@ -317,6 +305,34 @@ async fn sync_returns_the_commit_it_reached_or_the_failure_and_sets_the_status()
         Some(SandboxStatus::Broken {
             failure: install_failure()
         })
+    );
+}
+
+#[tokio::test]
+async fn a_sync_that_fails_without_a_failure_file_shows_its_first_error_lines_and_tail() {
+    let world = World::new().await;
+    let orchestrator = world.orchestrator(&stub_watcher(world.tmp.path()));
+    let sandbox = world.sandbox("sbx");
+    let home = world.tmp.path().join("sbx");
+    fs::write(home.join("crash-sync"), "").unwrap();
+    let statuses = Statuses::default();
+
+    let SyncOutcome::Failed { failure } =
+        orchestrator.sync(&sandbox, &user("alice"), &statuses).await
+    else {
+        panic!("the sync did not fail");
+    };
+    assert_eq!(failure.step, "sync");
+    assert_eq!(
+        failure.first,
+        "npm ERR! Missing: left-pad@1.3.0 from lock file"
+    );
+    let tail: Vec<&str> = failure.tail.lines().collect();
+    assert_eq!(tail.len(), TAIL_LINES, "{}", failure.tail);
+    assert_eq!(tail[0], "npm usage: --omit <dep type> (11)");
+    assert_eq!(
+        statuses.of("sbx").pop(),
+        Some(SandboxStatus::Broken { failure })
     );
 }
 

@@ -231,8 +231,17 @@ fn form_edit() -> impl Strategy<Value = FormEdit> {
     ]
 }
 
-/// The contract's form: exactly the listed names, once each, no NUL, at most 64 KiB a value
-/// and 1 MiB in all.
+/// Whether dotenvy and Node's dotenv can both read `value` back exactly from one `.env` line:
+/// no carriage return, and either no `'` and no `\` at its end (single quotes), or none of
+/// `"`, `\`, `$` and a line break (double quotes).
+fn has_exact_form(value: &str) -> bool {
+    !value.contains('\r')
+        && ((!value.contains('\'') && !value.ends_with('\\'))
+            || !value.contains(['"', '\\', '$', '\n']))
+}
+
+/// The contract's form: exactly the listed names, once each, no NUL, every value with an
+/// exact `.env` form, at most 64 KiB a value and 1 MiB in all.
 fn form_is_valid(listed: &BTreeSet<String>, submitted: &[(String, String)]) -> bool {
     let names: Vec<&String> = submitted.iter().map(|(n, _)| n).collect();
     let unique: BTreeSet<&String> = names.iter().copied().collect();
@@ -240,7 +249,7 @@ fn form_is_valid(listed: &BTreeSet<String>, submitted: &[(String, String)]) -> b
         && unique.into_iter().eq(listed.iter())
         && submitted
             .iter()
-            .all(|(_, v)| !v.contains('\0') && v.len() <= 64 * 1024)
+            .all(|(_, v)| !v.contains('\0') && has_exact_form(v) && v.len() <= 64 * 1024)
         && submitted.iter().map(|(_, v)| v.len()).sum::<usize>() <= 1024 * 1024
 }
 

@@ -100,7 +100,135 @@ suite!(
     token_generations_move_forward_per_user,
     a_status_sink_writes_every_change_in_order,
     a_sign_in_nonce_is_spent_once_across_replicas,
+    a_users_sandbox_is_created_by_one_claim_and_found_by_every_replica,
+    a_dead_creators_lease_passes_the_create_on,
 );
+
+async fn a_users_sandbox_is_created_by_one_claim_and_found_by_every_replica(r: Replicas) {
+    use cloud_core::store::SandboxClaim;
+    assert_eq!(r.a.sandbox_of(user("alice")).await.unwrap(), None);
+    // Sixteen claims at once from both replicas: exactly one may create.
+    let claims = futures_util::future::join_all((0..16).map(|n| {
+        let store = if n % 2 == 0 { r.a.clone() } else { r.b.clone() };
+        async move {
+            store
+                .claim_sandbox(user("alice"), format!("r#{n}"), LEASE)
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    let granted: Vec<usize> = claims
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c == SandboxClaim::Create)
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(granted.len(), 1, "{claims:?}");
+    assert!(
+        claims
+            .iter()
+            .all(|c| matches!(c, SandboxClaim::Create | SandboxClaim::Creating))
+    );
+    let owner = format!("r#{}", granted[0]);
+    assert!(
+        !r.b.set_sandbox(user("alice"), "r#other".into(), "i-forged".into())
+            .await
+            .unwrap(),
+        "only the claim records"
+    );
+    assert!(
+        r.b.set_sandbox(user("alice"), owner.clone(), "i-1".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !r.a.set_sandbox(user("alice"), owner, "i-2".into())
+            .await
+            .unwrap(),
+        "the claim ended"
+    );
+    assert_eq!(
+        r.a.sandbox_of(user("alice")).await.unwrap().as_deref(),
+        Some("i-1")
+    );
+    assert_eq!(
+        r.a.claim_sandbox(user("alice"), "r#late".into(), LEASE)
+            .await
+            .unwrap(),
+        SandboxClaim::Known("i-1".into())
+    );
+    assert_eq!(
+        r.b.user_sandboxes().await.unwrap(),
+        vec![(user("alice"), "i-1".to_owned())]
+    );
+
+    assert!(
+        !r.a.forget_sandbox(user("alice"), "i-0".into())
+            .await
+            .unwrap(),
+        "not the known one"
+    );
+    assert!(
+        r.a.forget_sandbox(user("alice"), "i-1".into())
+            .await
+            .unwrap()
+    );
+    assert_eq!(r.b.sandbox_of(user("alice")).await.unwrap(), None);
+    assert_eq!(
+        r.b.claim_sandbox(user("alice"), "r#next".into(), LEASE)
+            .await
+            .unwrap(),
+        SandboxClaim::Create,
+        "a forgotten sandbox is created again"
+    );
+    assert!(r.b.user_sandboxes().await.unwrap().is_empty());
+}
+
+async fn a_dead_creators_lease_passes_the_create_on(r: Replicas) {
+    use cloud_core::store::SandboxClaim;
+    let short = Duration::from_millis(400);
+    let claim = |store: Arc<dyn Store>, owner: &'static str, lease| async move {
+        store
+            .claim_sandbox(user("bob"), owner.into(), lease)
+            .await
+            .unwrap()
+    };
+    assert_eq!(claim(r.a.clone(), "a#1", short).await, SandboxClaim::Create);
+    assert_eq!(
+        claim(r.b.clone(), "b#1", LEASE).await,
+        SandboxClaim::Creating
+    );
+    assert_eq!(
+        claim(r.a.clone(), "a#1", short).await,
+        SandboxClaim::Create,
+        "renewed by its owner"
+    );
+    // a dies: its lease runs out and b may create.
+    until_async(
+        Duration::from_secs(10),
+        "b to be granted the create",
+        || {
+            let b = r.b.clone();
+            async move { (claim(b, "b#1", LEASE).await == SandboxClaim::Create).then_some(()) }
+        },
+    )
+    .await;
+    assert!(
+        !r.a.set_sandbox(user("bob"), "a#1".into(), "i-a".into())
+            .await
+            .unwrap()
+    );
+    assert!(
+        r.b.set_sandbox(user("bob"), "b#1".into(), "i-b".into())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        r.a.sandbox_of(user("bob")).await.unwrap().as_deref(),
+        Some("i-b")
+    );
+}
 
 async fn events_during_a_run_give_exactly_one_more_run_with_the_newest_push(r: Replicas) {
     assert_eq!(r.a.enqueue(push("alice", 1)).await.unwrap(), 1, "event 1");

@@ -6,28 +6,23 @@
 use std::future::Future;
 
 use serde::{Deserialize, Serialize};
+use shmastra_contract::manifest::{MANIFEST_FILE, Manifest, ManifestError};
+use shmastra_contract::save_message;
 use shmastra_contract::{RestoreCommand, SyncFailure};
 
 use super::{
-    OrchestrateError, Orchestrator, ProjectHost, SandboxStatus, StatusSink, exit_text, tail,
+    OrchestrateError, Orchestrator, ProjectHost, SandboxStatus, StatusSink, exit_text, failure_of,
+    tail,
 };
-use crate::UserId;
-use crate::gitlab::{GitLab, GitLabError};
+use crate::gitlab::GitLabError;
 use crate::sandbox::{Exec, Sandbox};
+use crate::user::UserId;
 
-/// What made a save, read from the watcher's commit trailers (`Saved-by:
-/// project-watcher/<version>`, `Save-kind: <kind>`) by the same rules as `project-watcher
-/// history`. The upstream cannot know which commits a sandbox synced to, so a person's commit
-/// is always `other` here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SaveKind {
-    Autosave,
-    Restore,
-    Sync,
-    Backup,
-    Other,
-}
+/// What made a save, read from the watcher's commit trailers by the contract's rules
+/// ([`shmastra_contract::save_message::classify`], the same as `project-watcher history`'s).
+/// The upstream cannot know which commits a sandbox synced to, so a person's commit is always
+/// `other` here.
+pub use shmastra_contract::SaveKind;
 
 /// One save in the upstream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,8 +31,9 @@ pub struct Save {
     pub commit: String,
     /// The commit time, RFC 3339 UTC.
     pub time: String,
+    /// What made it.
     pub kind: SaveKind,
-    /// The subject line.
+    /// The subject line (at most 300 characters, then `…`).
     pub subject: String,
     /// The paths the save changed, as the watcher lists them in its message body (at most 20,
     /// then `... and N more`); empty for a commit the watcher did not make.
@@ -45,20 +41,30 @@ pub struct Save {
     pub files: Vec<String>,
 }
 
+/// Why the history cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {
+    /// Project persistence is off.
     #[error("project persistence is off: there is no saved history")]
     Off,
+    /// GitLab's commits API failed.
     #[error(transparent)]
     GitLab(#[from] GitLabError),
+    /// `git log` in the embedded repository failed.
     #[error("cannot read the saved history of user {user}: {reason}")]
-    Embedded { user: UserId, reason: String },
+    Embedded {
+        /// Whose history.
+        user: UserId,
+        /// What git said.
+        reason: String,
+    },
+    /// A commit time that is not ISO 8601.
     #[error("the upstream answered a commit time that is not ISO 8601: {0}")]
     BadTime(String),
 }
 
-/// Where saves are read from: implemented by [`GitLab`] and by the embedded upstream
-/// (`proxy/embedded.rs`).
+/// Where saves are read from: implemented by GitLab and by the embedded upstream (both in
+/// `hosts/`).
 pub trait SaveHistory: Send + Sync {
     /// The newest `limit` commits of `user`'s project, newest first: `(id, ISO 8601 time,
     /// message)`.
@@ -67,20 +73,25 @@ pub trait SaveHistory: Send + Sync {
         user: &UserId,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<(String, String, String)>, HistoryError>> + Send;
-}
 
-impl SaveHistory for GitLab {
-    async fn recent_commits(
+    /// The bytes of `path` on the saved branch (`main`), `None` when the user has no project,
+    /// no saved branch, or no such file there. Never creates anything.
+    fn saved_file(
         &self,
         user: &UserId,
-        limit: usize,
-    ) -> Result<Vec<(String, String, String)>, HistoryError> {
-        Ok(GitLab::recent_commits(self, user, limit)
-            .await?
-            .into_iter()
-            .map(|c| (c.id, c.committed_date, c.message))
-            .collect())
-    }
+        path: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, HistoryError>> + Send;
+}
+
+/// Why the saved manifest cannot be told.
+#[derive(Debug, thiserror::Error)]
+pub enum SavedManifestError {
+    /// The upstream cannot be read (or persistence is off).
+    #[error(transparent)]
+    History(#[from] HistoryError),
+    /// The saved `shmastra.json` is not one the cloud accepts.
+    #[error("the saved {MANIFEST_FILE} is not valid: {0}")]
+    Invalid(#[from] ManifestError),
 }
 
 /// What `restore_to` did, as the watcher's `restore --at --json` reports it.
@@ -100,17 +111,36 @@ pub struct RestoredTo {
     pub watcher_running: bool,
 }
 
+/// Why a restore to an earlier save did not happen (or cannot be told).
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreToError {
+    /// Project persistence is off.
     #[error("project persistence is off: there are no saves to go back to")]
     Off,
     /// The revision, time or path was refused (the watcher's exit 2); nothing changed.
     #[error("cannot restore: {message}")]
-    Refused { message: String },
+    Refused {
+        /// The watcher's message.
+        message: String,
+    },
+    /// The restore failed in the sandbox.
     #[error(transparent)]
     Orchestrate(#[from] OrchestrateError),
+    /// The watcher's report is not its JSON.
     #[error("the watcher's restore answered something that is not its JSON report: {0}")]
     BadReport(String),
+}
+
+/// The most of a subject and of a listed path a [`Save`] carries (the page shows them).
+const MAX_SHOWN_SUBJECT: usize = 300;
+const MAX_SHOWN_PATH: usize = 500;
+
+/// `text`, cut to `max` characters with `…` when longer.
+fn clipped(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
 }
 
 impl<H: ProjectHost + SaveHistory> Orchestrator<H> {
@@ -126,14 +156,35 @@ impl<H: ProjectHost + SaveHistory> Orchestrator<H> {
             .into_iter()
             .map(|(commit, time, message)| {
                 Ok(Save {
-                    time: utc(&time).ok_or_else(|| HistoryError::BadTime(time.clone()))?,
-                    kind: classify(&message),
-                    files: listed_files(&message),
-                    subject: message.lines().next().unwrap_or_default().to_owned(),
-                    commit,
+                    time: utc(&time).ok_or_else(|| HistoryError::BadTime(clipped(&time, 64)))?,
+                    kind: save_message::classify(&message).unwrap_or(SaveKind::Other),
+                    files: save_message::listed_files(&message)
+                        .iter()
+                        .map(|file| clipped(file, MAX_SHOWN_PATH))
+                        .collect(),
+                    subject: clipped(
+                        message.lines().next().unwrap_or_default(),
+                        MAX_SHOWN_SUBJECT,
+                    ),
+                    commit: clipped(&commit, 64),
                 })
             })
             .collect()
+    }
+
+    /// The saved branch's `shmastra.json`, read from the upstream before any sandbox exists
+    /// (the names the restore form must ask for); `None` when nothing is saved yet.
+    pub async fn saved_manifest(
+        &self,
+        user: &UserId,
+    ) -> Result<Option<Manifest>, SavedManifestError> {
+        let Some(persistence) = &self.persistence else {
+            return Err(HistoryError::Off.into());
+        };
+        match persistence.host.saved_file(user, MANIFEST_FILE).await? {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(Manifest::parse(&String::from_utf8_lossy(&bytes))?)),
+        }
     }
 }
 
@@ -190,14 +241,14 @@ impl<H: ProjectHost> Orchestrator<H> {
                 })
             }
             _ => {
-                let failure = SyncFailure {
-                    step: "restore".to_owned(),
-                    message: format!(
+                let failure = failure_of(
+                    "restore",
+                    format!(
                         "project-watcher restore --at exited with {}",
                         exit_text(&out)
                     ),
-                    tail: tail(&out),
-                };
+                    &out,
+                );
                 status.set_status(sandbox.id(), SandboxStatus::Broken { failure });
                 Err(OrchestrateError::Command {
                     sandbox: sandbox.id().to_owned(),
@@ -211,55 +262,39 @@ impl<H: ProjectHost> Orchestrator<H> {
     }
 }
 
-/// The kind of a save from its message, as `project-watcher history` reads it: the watcher's
-/// trailers in the last paragraph; older saves without `Save-kind` by their subject.
-pub fn classify(message: &str) -> SaveKind {
-    let last_paragraph = message.trim_end().rsplit("\n\n").next().unwrap_or_default();
-    let mut by_watcher = false;
-    let mut kind = None;
-    for line in last_paragraph.lines() {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("Saved-by") && value.starts_with("project-watcher/") {
-            by_watcher = true;
-        } else if name.eq_ignore_ascii_case("Save-kind") {
-            kind = match value {
-                "autosave" => Some(SaveKind::Autosave),
-                "restore" => Some(SaveKind::Restore),
-                "backup" => Some(SaveKind::Backup),
-                "sync" => Some(SaveKind::Sync),
-                "other" => Some(SaveKind::Other),
-                _ => None,
-            };
-        }
-    }
-    if !by_watcher {
-        return SaveKind::Other;
-    }
-    kind.unwrap_or(if message.starts_with("backup:") {
-        SaveKind::Backup
-    } else {
-        SaveKind::Autosave
-    })
-}
-
-/// The paths a watcher's message lists: its second paragraph, when the message has a third
-/// (the trailers) and the watcher made it.
-pub fn listed_files(message: &str) -> Vec<String> {
-    if classify(message) == SaveKind::Other {
-        return Vec::new();
-    }
-    let paragraphs: Vec<&str> = message.trim_end().split("\n\n").collect();
-    match paragraphs.as_slice() {
-        [_subject, paths, _trailers, ..] => paths.lines().map(str::to_owned).collect(),
-        _ => Vec::new(),
-    }
-}
-
 /// An ISO 8601 time with `Z` or an offset, fractions allowed, as RFC 3339 UTC seconds.
+/// `at` as RFC 3339 UTC to the second (`2026-11-30T13:05:12Z`), as the history's times read.
+pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
+    let seconds = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+    let of_day = seconds.rem_euclid(86_400);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60
+    )
+}
+
 fn utc(text: &str) -> Option<String> {
+    let seconds = unix_seconds(text)?;
+    let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
+    if !(1970..=9999).contains(&year) {
+        return None;
+    }
+    let of_day = seconds.rem_euclid(86_400);
+    Some(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60
+    ))
+}
+
+/// An ISO 8601 time with `Z` or an offset, fractions allowed, as seconds since the Unix epoch.
+pub(crate) fn unix_seconds(text: &str) -> Option<i64> {
     let text = text.trim();
     let (local, offset_secs) = if let Some(local) = text.strip_suffix('Z') {
         (local, 0i64)
@@ -300,19 +335,10 @@ fn utc(text: &str) -> Option<String> {
     {
         return None;
     }
-    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
-        - offset_secs;
-    let (year, month, day) = civil_from_days(seconds.div_euclid(86_400));
-    if !(1970..=9999).contains(&year) {
-        return None;
-    }
-    let of_day = seconds.rem_euclid(86_400);
-    Some(format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        of_day / 3600,
-        of_day / 60 % 60,
-        of_day % 60
-    ))
+    Some(
+        days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second
+            - offset_secs,
+    )
 }
 
 fn days_in_month(year: i64, month: i64) -> i64 {
@@ -401,47 +427,8 @@ mod tests {
                 offset_minutes.abs() / 60,
                 offset_minutes.abs() % 60
             );
-            proptest::prop_assert_eq!(utc(&text), Some(expected), "{}", text);
+            proptest::prop_assert_eq!(utc(&text), Some(expected.clone()), "{}", text);
+            proptest::prop_assert_eq!(rfc3339(instant), expected);
         }
-    }
-
-    #[test]
-    fn files_come_from_the_watchers_body() {
-        assert_eq!(
-            listed_files(
-                "autosave: 2 files\n\na.ts\nsrc/b.ts\n\nSaved-by: project-watcher/0.1.0\nSave-kind: autosave\n"
-            ),
-            ["a.ts", "src/b.ts"]
-        );
-        assert!(listed_files("backup: x\n\nSaved-by: project-watcher/0.1.0\n").is_empty());
-        assert!(listed_files("a person's commit\n\nbody\n\nmore\n").is_empty());
-    }
-
-    #[test]
-    fn kinds_follow_the_watcher_trailers() {
-        let check = |message: &str, expected: SaveKind| {
-            assert_eq!(classify(message), expected, "{message:?}");
-        };
-        check(
-            "autosave: a.ts\n\na.ts\n\nSaved-by: project-watcher/0.1.0\nSave-kind: autosave\n",
-            SaveKind::Autosave,
-        );
-        check(
-            "restore: the project as at 1a2b3c4 (2026-11-30T13:05:12Z)\n\na.ts\n\nSaved-by: project-watcher/0.1.0\nSave-kind: restore\nRestored-from: 1a2b\n",
-            SaveKind::Restore,
-        );
-        check(
-            "backup: unsaved work before sync\n\nSaved-by: project-watcher/0.1.0\n",
-            SaveKind::Backup,
-        );
-        check(
-            "autosave: 1 files changed\n\na.ts\n\nSaved-by: project-watcher/0.1.0\n",
-            SaveKind::Autosave,
-        );
-        check("fix the weather tool\n", SaveKind::Other);
-        check(
-            "Saved-by: project-watcher/1\n\nthe trailer is not in the last paragraph\n",
-            SaveKind::Other,
-        );
     }
 }

@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Orchestrator, ProjectHost, StatusSink, SyncOutcome, gone_failure};
-use crate::UserId;
+use super::Orchestrator;
+use super::sync::gone_failure;
 use crate::event::ExternalPush;
+use crate::host::ProjectHost;
 use crate::sandbox::Sandbox;
+use crate::status::{StatusSink, SyncOutcome};
 use crate::store::{Store, StoreError, claim_owner, replica_name, run_holding};
+use crate::user::UserId;
 
 /// How often a caller whose event another runner covers looks for that run's end (and for a
 /// job whose runner's lease ran out, which it then runs itself).
@@ -20,12 +23,18 @@ const OUTCOME_POLL: Duration = Duration::from_millis(200);
 /// Why [`Orchestrator::sync_queued`] cannot say how the sync ended.
 #[derive(Debug, thiserror::Error)]
 pub enum QueuedSyncError {
+    /// The store did not answer.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Another runner holds the user's job and renews its lease, but no run covering this
     /// event finished in time; its outcome will be the sandbox's status.
-    #[error("the sync of user {user} runs elsewhere and had not finished after {}", super::short_duration(*waited))]
-    NotFinished { user: UserId, waited: Duration },
+    #[error("the sync of user {user} runs elsewhere and had not finished after {}", crate::duration::short_duration(*waited))]
+    NotFinished {
+        /// Whose sync.
+        user: UserId,
+        /// How long this caller waited.
+        waited: Duration,
+    },
 }
 
 impl<H: ProjectHost> Orchestrator<H> {

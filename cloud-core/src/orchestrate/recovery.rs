@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::UserId;
+use crate::user::UserId;
 
 /// How recovery behaves when an operation finds its sandbox gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +18,7 @@ pub struct RecoveryPolicy {
     pub wait: Duration,
     /// Recoveries allowed per user within `window`; the next loss is a hard error.
     pub max_recoveries: u32,
+    /// The sliding window recoveries are counted in.
     pub window: Duration,
 }
 

@@ -4,10 +4,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::UserId;
+use crate::event::ExternalPush;
 use crate::store::Store;
-
-pub use crate::event::{ExternalPush, OnExternalPush};
+use crate::user::UserId;
 
 /// How many branch updates the proxy remembers per user for the webhook's de-duplication:
 /// GitLab's webhook for a proxied push arrives within seconds, far fewer updates than this

@@ -5,7 +5,6 @@
 //! order: `route::classify` (404), the token (401, answered here), the path's repository
 //! name agreeing with the token (403), the size limit (413); only then is the upstream called.
 
-pub(crate) mod embedded;
 pub(crate) mod events;
 pub(crate) mod headers;
 pub(crate) mod push_watch;
@@ -26,15 +25,16 @@ use base64::engine::general_purpose::STANDARD;
 use futures_util::StreamExt as _;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 
-use crate::UserId;
-use crate::token::TokenSigner;
-use events::{OnExternalPush, RecentPushes};
+use crate::admission::{Admission, Admitted, Busy};
+use crate::client::client_of;
+use crate::event::OnExternalPush;
+use crate::token::{TokenRefusal, TokenSigner};
+use crate::user::UserId;
+use events::RecentPushes;
 use push_watch::PushWatch;
 use route::{Endpoint, Service};
 use stream::ReadProgress;
 use upstream::{Upstream, UpstreamError, UpstreamRequest};
-
-pub use events::ExternalPush;
 
 /// Bounds on one proxied request.
 #[derive(Debug, Clone)]
@@ -64,25 +64,6 @@ impl Default for ProxyLimits {
     }
 }
 
-/// The TCP peer of a request, put in its extensions by the server that accepted it; logged on
-/// every refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientAddr(pub std::net::SocketAddr);
-
-impl std::fmt::Display for ClientAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// The client address of `request` for log lines, `-` when the server did not record it.
-pub(crate) fn client_of<B>(request: &http::Request<B>) -> String {
-    request
-        .extensions()
-        .get::<ClientAddr>()
-        .map_or_else(|| "-".to_owned(), ToString::to_string)
-}
-
 /// Seconds a client is asked to wait when the proxy is at its request limits.
 const BUSY_RETRY_AFTER_SECS: u64 = 5;
 
@@ -91,12 +72,14 @@ pub struct Proxy {
     signer: TokenSigner,
     upstream: Arc<dyn Upstream>,
     limits: ProxyLimits,
-    in_flight: Arc<InFlight>,
+    in_flight: Arc<Admission>,
     recent: Arc<RecentPushes>,
     on_external_push: OnExternalPush,
 }
 
 impl Proxy {
+    /// A proxy verifying tokens with `signer`, forwarding to `upstream` within `limits`, and
+    /// calling `on_external_push` for every branch update pushed by anyone but a watcher.
     pub fn new(
         signer: TokenSigner,
         upstream: Arc<dyn Upstream>,
@@ -106,7 +89,7 @@ impl Proxy {
         Arc::new(Proxy {
             signer,
             upstream,
-            in_flight: Arc::new(InFlight::new(
+            in_flight: Arc::new(Admission::new(
                 limits.max_requests,
                 limits.max_requests_per_user,
             )),
@@ -140,17 +123,32 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
         tracing::info!(%client, status = 404, "not a git smart-HTTP endpoint");
         return answer(StatusCode::NOT_FOUND, "not a git smart-HTTP endpoint");
     };
-    let Some(user) = authenticate(&proxy.signer, &parts.headers) else {
-        tracing::info!(%client, status = 401, "git request without a valid project token");
-        let mut response = answer(
-            StatusCode::UNAUTHORIZED,
-            "a valid project token is required",
-        );
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Basic realm=\"shmastra git\""),
-        );
-        return response;
+    let user = match authenticate(&proxy.signer, &parts.headers) {
+        Ok(user) => user,
+        Err(TokenRefusal::Unavailable(why)) => {
+            tracing::warn!(%client, status = 503, reason = %why, "git request refused: the token state cannot be trusted now");
+            let mut response = answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "project tokens cannot be checked on this server right now (its database does not answer); try again",
+            );
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(BUSY_RETRY_AFTER_SECS),
+            );
+            return response;
+        }
+        Err(TokenRefusal::Invalid) => {
+            tracing::info!(%client, status = 401, "git request without a valid project token");
+            let mut response = answer(
+                StatusCode::UNAUTHORIZED,
+                "a valid project token is required",
+            );
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"shmastra git\""),
+            );
+            return response;
+        }
     };
     if !route.names_repo_of(&user) {
         tracing::warn!(%client, %user, status = 403, "git request naming another user's repository");
@@ -295,73 +293,6 @@ async fn handle(State(proxy): State<Arc<Proxy>>, request: Request) -> Response {
     response
 }
 
-/// Why a request was not admitted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Busy {
-    User,
-    Total,
-}
-
-/// Requests in flight, per user and in total. A [`Admitted`] counts until it is dropped, which
-/// is when the response body has been read to its end or abandoned.
-struct InFlight {
-    max_total: usize,
-    max_per_user: usize,
-    counts: std::sync::Mutex<(usize, std::collections::HashMap<UserId, usize>)>,
-}
-
-impl InFlight {
-    fn new(max_total: usize, max_per_user: usize) -> InFlight {
-        InFlight {
-            max_total,
-            max_per_user,
-            counts: std::sync::Mutex::default(),
-        }
-    }
-
-    fn admit(self: &Arc<Self>, user: &UserId) -> Result<Admitted, Busy> {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let (total, per_user) = &mut *counts;
-        let mine = per_user.get(user).copied().unwrap_or(0);
-        if mine >= self.max_per_user {
-            return Err(Busy::User);
-        }
-        if *total >= self.max_total {
-            return Err(Busy::Total);
-        }
-        *total += 1;
-        per_user.insert(user.clone(), mine + 1);
-        Ok(Admitted {
-            in_flight: self.clone(),
-            user: user.clone(),
-        })
-    }
-}
-
-/// One admitted request; leaves the counts when dropped.
-struct Admitted {
-    in_flight: Arc<InFlight>,
-    user: UserId,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        let mut counts = self
-            .in_flight
-            .counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let (total, per_user) = &mut *counts;
-        *total = total.saturating_sub(1);
-        if let Some(mine) = per_user.get_mut(&self.user) {
-            *mine -= 1;
-            if *mine == 0 {
-                per_user.remove(&self.user);
-            }
-        }
-    }
-}
-
 /// Whether the body carries a content coding other than identity.
 fn is_encoded(headers: &HeaderMap) -> bool {
     headers.get_all(header::CONTENT_ENCODING).iter().any(|v| {
@@ -472,16 +403,20 @@ impl BodySignals {
 
 /// The user whose project token is the basic-auth password. The username is ignored: git
 /// clients put whatever the remote URL says there.
-fn authenticate(signer: &TokenSigner, headers: &HeaderMap) -> Option<UserId> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, encoded) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let decoded = STANDARD.decode(encoded.trim()).ok()?;
-    let decoded = std::str::from_utf8(&decoded).ok()?;
-    let (_, password) = decoded.split_once(':')?;
-    signer.verify(password)
+fn authenticate(signer: &TokenSigner, headers: &HeaderMap) -> Result<UserId, TokenRefusal> {
+    let password = (|| {
+        let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+        let (scheme, encoded) = value.split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("basic") {
+            return None;
+        }
+        let decoded = STANDARD.decode(encoded.trim()).ok()?;
+        let decoded = String::from_utf8(decoded).ok()?;
+        let (_, password) = decoded.split_once(':')?;
+        Some(password.to_owned())
+    })()
+    .ok_or(TokenRefusal::Invalid)?;
+    signer.check(&password)
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -508,26 +443,6 @@ fn answer(status: StatusCode, message: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn user(name: &str) -> UserId {
-        UserId::parse(name).expect("user id")
-    }
-
-    #[test]
-    fn requests_in_flight_are_capped_per_user_and_in_total_and_freed_on_drop() {
-        let in_flight = Arc::new(InFlight::new(3, 2));
-        let a1 = in_flight.admit(&user("alice")).expect("first");
-        let a2 = in_flight.admit(&user("alice")).expect("second");
-        assert_eq!(in_flight.admit(&user("alice")).err(), Some(Busy::User));
-        let b1 = in_flight.admit(&user("bob")).expect("bob");
-        assert_eq!(in_flight.admit(&user("carol")).err(), Some(Busy::Total));
-        drop(a1);
-        let c1 = in_flight.admit(&user("carol")).expect("a slot came back");
-        drop((a2, b1, c1));
-        let counts = in_flight.counts.lock().expect("counts");
-        assert_eq!(counts.0, 0);
-        assert!(counts.1.is_empty(), "idle users leave no entry");
-    }
 
     #[test]
     fn only_identity_is_an_uncompressed_body() {

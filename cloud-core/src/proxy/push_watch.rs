@@ -3,8 +3,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::events::{ExternalPush, OnExternalPush, RecentPushes};
-use crate::UserId;
+use super::events::RecentPushes;
+use crate::event::{ExternalPush, OnExternalPush};
+use crate::user::UserId;
 use git_wire::report_status::{
     CommandsParser, CommandsState, ReportParser, ReportState, applied_updates,
 };

@@ -3,16 +3,19 @@
 
 use http::Method;
 
-use crate::UserId;
+use crate::user::UserId;
 
 /// The two git services a smart-HTTP client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {
+    /// Fetches and clones.
     UploadPack,
+    /// Pushes.
     ReceivePack,
 }
 
 impl Service {
+    /// The service's name in URLs and content types (`git-upload-pack`).
     pub fn name(self) -> &'static str {
         match self {
             Service::UploadPack => "git-upload-pack",
@@ -39,6 +42,7 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The service the endpoint belongs to.
     pub fn service(self) -> Service {
         match self {
             Endpoint::InfoRefs(s) | Endpoint::Rpc(s) => s,
@@ -61,6 +65,7 @@ impl Endpoint {
         }
     }
 
+    /// The HTTP method git uses for it.
     pub fn method(self) -> Method {
         match self {
             Endpoint::InfoRefs(_) => Method::GET,

@@ -12,15 +12,16 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio::time::Instant;
 
 use super::route::Endpoint;
-use crate::UserId;
-use crate::gitlab::{GitLab, GitLabError};
+use crate::user::UserId;
 
 /// One request to forward, already authenticated and stripped of the client's credentials.
 pub struct UpstreamRequest {
     /// The token's owner: the only input that chooses the repository.
     pub user: UserId,
+    /// Which of the three smart-HTTP endpoints.
     pub endpoint: Endpoint,
-    /// Already filtered by [`super::headers::to_upstream`].
+    /// The client's headers that may cross (content type and encoding, length, accept,
+    /// user agent, git protocol); never its credentials or cookies.
     pub headers: HeaderMap,
     /// Streams; never collected.
     pub body: Body,
@@ -30,18 +31,26 @@ pub struct UpstreamRequest {
 /// go to the log, and clients get [`UpstreamError::public_message`].
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
+    /// No connection to the upstream (502).
     #[error("the upstream git server could not be reached: {0}")]
     Unreachable(String),
+    /// The upstream did not answer in time (504).
     #[error("the upstream git server did not answer in time")]
     Timeout,
+    /// The user's repository could not be found or made (502).
     #[error("the upstream repository for this user could not be prepared: {0}")]
     Repository(String),
+    /// Anything else the upstream did wrong (502).
     #[error("the upstream git server failed: {0}")]
     Failed(String),
+    /// The service credentials were refused and are held back (503).
     #[error(
         "the upstream rejected the proxy's service credentials; they are not sent again for {retry_after:?} (fix GITLAB_SERVICE_TOKEN and restart serve)"
     )]
-    CredentialsRejected { retry_after: Duration },
+    CredentialsRejected {
+        /// How long until one request may try them again.
+        retry_after: Duration,
+    },
 }
 
 impl UpstreamError {
@@ -138,34 +147,16 @@ impl CredentialLatch {
 
 /// Finds (and if need be creates) the clone URL of a user's repository.
 pub trait RepoLocator: Send + Sync + 'static {
+    /// The clone URL of `user`'s repository (`https://host/group/alice.git`).
     fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>>;
 
     /// The upstream answered 404 for `user`'s repository: a remembered location is stale.
     fn forget(&self, _user: &UserId) {}
 }
 
-/// GitLab: each user's project in the group, created on first use and then cached.
-impl RepoLocator for GitLab {
-    fn repo_url(&self, user: &UserId) -> BoxFuture<'_, Result<String, UpstreamError>> {
-        let user = user.clone();
-        Box::pin(async move {
-            let project = self.user_project(&user).await.map_err(|e| match e {
-                GitLabError::Unauthorized { .. } => UpstreamError::CredentialsRejected {
-                    retry_after: CREDENTIAL_RETRY,
-                },
-                e => UpstreamError::Repository(e.to_string()),
-            })?;
-            Ok(project.http_url_to_repo)
-        })
-    }
-
-    fn forget(&self, user: &UserId) {
-        GitLab::forget(self, user);
-    }
-}
-
 /// A locator for servers that lay repositories out as `<base>/<user>.git`.
 pub struct RepoPerUser {
+    /// The URL the repositories are under.
     pub base_url: String,
 }
 
@@ -187,6 +178,7 @@ pub struct HttpUpstream {
 }
 
 impl HttpUpstream {
+    /// Forwards to where `locator` says, with `username` and `password` as basic auth.
     pub fn new(
         locator: Arc<dyn RepoLocator>,
         username: impl Into<String>,

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{Claim, Store, StoreError, claim_owner, run_holding};
 use crate::event::ExternalPush;
-use crate::orchestrate::SyncOutcome;
+use crate::status::SyncOutcome;
 
 /// How often a worker with nothing to do looks for jobs (other replicas' events, leases that
 /// ran out), and how often the local buffer is retried while the database is down.
@@ -213,8 +213,8 @@ impl SyncJobs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::UserId;
     use crate::store::memory::MemoryStore;
+    use crate::user::UserId;
 
     fn push(user: &str, n: u32) -> ExternalPush {
         ExternalPush {

@@ -10,11 +10,11 @@ use tokio::time::Instant;
 
 use super::{
     Claim, FinishedRun, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
-    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreFuture, USED_NONCE_MARGIN,
+    STATUS_CHANGES_BUFFER, SandboxClaim, StatusChange, Store, StoreFuture, USED_NONCE_MARGIN,
 };
-use crate::UserId;
 use crate::event::ExternalPush;
-use crate::orchestrate::{SandboxStatus, SyncOutcome};
+use crate::status::{SandboxStatus, SyncOutcome};
+use crate::user::UserId;
 
 struct Job {
     push: ExternalPush,
@@ -37,6 +37,14 @@ struct State {
     nonces: HashMap<String, SystemTime>,
     generations: HashMap<UserId, (u64, i64)>,
     next_version: i64,
+    sandboxes: HashMap<UserId, UserSandbox>,
+}
+
+/// A user's sandbox id, and the create in flight with its lease.
+#[derive(Default)]
+struct UserSandbox {
+    sandbox: Option<String>,
+    creator: Option<(String, Instant)>,
 }
 
 /// The in-process store. Share it behind an `Arc`.
@@ -55,6 +63,7 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// An empty store.
     pub fn new() -> MemoryStore {
         MemoryStore::default()
     }
@@ -235,6 +244,10 @@ impl Store for MemoryStore {
         ready(state.nonces.insert(nonce, expires).is_none())
     }
 
+    fn link_nonce_spent(&self, nonce: String) -> StoreFuture<'_, bool> {
+        ready(self.lock().nonces.contains_key(&nonce))
+    }
+
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {
         ready(self.lock().generations.get(&user).map_or(0, |(g, _)| *g))
     }
@@ -258,5 +271,67 @@ impl Store for MemoryStore {
                 .map(|(user, (g, version))| (user.clone(), *g, *version))
                 .collect(),
         )
+    }
+
+    fn sandbox_of(&self, user: UserId) -> StoreFuture<'_, Option<String>> {
+        let state = self.lock();
+        ready(state.sandboxes.get(&user).and_then(|s| s.sandbox.clone()))
+    }
+
+    fn claim_sandbox(
+        &self,
+        user: UserId,
+        owner: String,
+        lease: Duration,
+    ) -> StoreFuture<'_, SandboxClaim> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let entry = state.sandboxes.entry(user).or_default();
+        if let Some(sandbox) = &entry.sandbox {
+            return ready(SandboxClaim::Known(sandbox.clone()));
+        }
+        match &entry.creator {
+            Some((creator, until)) if *until >= now && *creator != owner => {
+                ready(SandboxClaim::Creating)
+            }
+            _ => {
+                entry.creator = Some((owner, now + lease));
+                ready(SandboxClaim::Create)
+            }
+        }
+    }
+
+    fn set_sandbox(&self, user: UserId, owner: String, sandbox: String) -> StoreFuture<'_, bool> {
+        let mut state = self.lock();
+        let entry = state.sandboxes.entry(user).or_default();
+        let holds = entry.creator.as_ref().is_some_and(|(c, _)| *c == owner);
+        if holds {
+            entry.sandbox = Some(sandbox);
+            entry.creator = None;
+        }
+        ready(holds)
+    }
+
+    fn forget_sandbox(&self, user: UserId, sandbox: String) -> StoreFuture<'_, bool> {
+        let mut state = self.lock();
+        let Some(entry) = state.sandboxes.get_mut(&user) else {
+            return ready(false);
+        };
+        let known = entry.sandbox.as_deref() == Some(sandbox.as_str());
+        if known {
+            entry.sandbox = None;
+        }
+        ready(known)
+    }
+
+    fn user_sandboxes(&self) -> StoreFuture<'_, Vec<(UserId, String)>> {
+        let state = self.lock();
+        let mut all: Vec<(UserId, String)> = state
+            .sandboxes
+            .iter()
+            .filter_map(|(user, s)| Some((user.clone(), s.sandbox.clone()?)))
+            .collect();
+        all.sort();
+        ready(all)
     }
 }

@@ -5,14 +5,15 @@
 //! It holds the sync jobs (one row per user: coalesced, leased, claimed oldest first, with
 //! the outcome of the last run), the branch updates the proxy saw (for the webhook's
 //! de-duplication), the webhook deliveries already handled, each sandbox's status with the
-//! time of its change, the nonces of sign-in links already used, and each user's project
-//! token generation. [`jobs::SyncJobs`] runs a command per job on top of it; [`StoreStatusSink`]
+//! time of its change, the nonces of sign-in links already used, each user's project
+//! token generation, and each user's sandbox at the provider (with the create in flight). [`jobs::SyncJobs`] runs a command per job on top of it; [`StoreStatusSink`]
 //! and [`generations::StoreGenerations`] plug it into orchestration and token checks.
 
 pub mod generations;
 pub mod jobs;
 pub mod memory;
 pub mod postgres;
+mod tls;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -20,9 +21,9 @@ use std::time::{Duration, SystemTime};
 use futures_util::future::BoxFuture;
 use tokio::sync::{broadcast, mpsc};
 
-use crate::UserId;
 use crate::event::ExternalPush;
-use crate::orchestrate::{SandboxStatus, StatusSink, SyncOutcome};
+use crate::status::{SandboxStatus, StatusSink, SyncOutcome};
+use crate::user::UserId;
 
 /// A store operation in flight.
 pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, StoreError>>;
@@ -45,14 +46,28 @@ pub const STATUS_CHANGES_BUFFER: usize = 1024;
 /// except `Migration` and `Corrupt`: retry later.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// No connection (down, refused, timed out).
     #[error("the database is unreachable: {0}")]
     Unavailable(String),
+    /// A statement failed (a lock or statement timeout among others).
     #[error("the database refused a statement: {0}")]
     Query(String),
+    /// A migration could not be applied at start.
     #[error("cannot apply database migration {version}: {message}")]
-    Migration { version: i64, message: String },
+    Migration {
+        /// The migration's number.
+        version: i64,
+        /// The database's error.
+        message: String,
+    },
+    /// A stored value this version cannot read.
     #[error("the stored {what} is not readable: {message}")]
-    Corrupt { what: &'static str, message: String },
+    Corrupt {
+        /// What kind of value.
+        what: &'static str,
+        /// Why it cannot be read.
+        message: String,
+    },
 }
 
 /// A sync job claimed by one runner: it alone runs the user's sync until it calls
@@ -73,14 +88,30 @@ pub struct Claim {
 pub struct FinishedRun {
     /// The run covered the user's events up to this number ([`Claim::seq`]).
     pub seq: u64,
+    /// How that run ended.
     pub outcome: SyncOutcome,
+}
+
+/// What [`Store::claim_sandbox`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxClaim {
+    /// The user's sandbox (its id at the provider).
+    Known(String),
+    /// None is known and no other create holds a lease: the caller creates it, and records
+    /// it with [`Store::set_sandbox`] within its lease.
+    Create,
+    /// Another claim is creating the user's sandbox now: wait, and ask again.
+    Creating,
 }
 
 /// One change of a sandbox's status, as followers see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusChange {
+    /// Whose status changed.
     pub sandbox: String,
+    /// The new status.
     pub status: SandboxStatus,
+    /// When, by the store's clock.
     pub changed_at: SystemTime,
 }
 
@@ -142,6 +173,9 @@ pub trait Store: Send + Sync + 'static {
     /// before. Kept until [`USED_NONCE_MARGIN`] past `expires` (the link's expiry).
     fn spend_link_nonce(&self, nonce: String, expires: SystemTime) -> StoreFuture<'_, bool>;
 
+    /// Whether [`Store::spend_link_nonce`] spent `nonce` (and still keeps it).
+    fn link_nonce_spent(&self, nonce: String) -> StoreFuture<'_, bool>;
+
     /// The user's project token generation (0: never revoked).
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64>;
 
@@ -151,6 +185,30 @@ pub trait Store: Send + Sync + 'static {
     /// Every user at a generation above 0, with the version of its last change, for changes
     /// with a version above `after`.
     fn token_generations_since(&self, after: i64) -> StoreFuture<'_, Vec<(UserId, u64, i64)>>;
+
+    /// The id of the user's sandbox at the provider, `None` when none is recorded.
+    fn sandbox_of(&self, user: UserId) -> StoreFuture<'_, Option<String>>;
+
+    /// The user's sandbox, or the right to create it for `lease` (granted to one claim at a
+    /// time across replicas; `owner` asking again renews its own), or word that another
+    /// claim holds that right.
+    fn claim_sandbox(
+        &self,
+        user: UserId,
+        owner: String,
+        lease: Duration,
+    ) -> StoreFuture<'_, SandboxClaim>;
+
+    /// Records the sandbox `owner` created (or found) under its claim, and ends the claim.
+    /// `false`: the claim was no longer held, and nothing is recorded.
+    fn set_sandbox(&self, user: UserId, owner: String, sandbox: String) -> StoreFuture<'_, bool>;
+
+    /// Forgets the user's sandbox if it is still `sandbox` (the provider no longer knows it);
+    /// `false` when another had been recorded since.
+    fn forget_sandbox(&self, user: UserId, sandbox: String) -> StoreFuture<'_, bool>;
+
+    /// Every user with a recorded sandbox, by user id.
+    fn user_sandboxes(&self) -> StoreFuture<'_, Vec<(UserId, String)>>;
 }
 
 /// A unique owner name for one claim: the replica's name and a counter.

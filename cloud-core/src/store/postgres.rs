@@ -9,15 +9,16 @@ use std::time::{Duration, SystemTime};
 use deadpool_postgres::tokio_postgres::{self, NoTls, Row};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::broadcast;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::{
     Claim, FinishedRun, REMEMBERED_DELIVERY_TTL, REMEMBERED_PUSH_TTL, REMEMBERED_PUSHES_PER_USER,
-    STATUS_CHANGES_BUFFER, StatusChange, Store, StoreError, StoreFuture, USED_NONCE_MARGIN,
-    from_millis,
+    STATUS_CHANGES_BUFFER, SandboxClaim, StatusChange, Store, StoreError, StoreFuture,
+    USED_NONCE_MARGIN, from_millis, tls,
 };
-use crate::UserId;
 use crate::event::ExternalPush;
-use crate::orchestrate::{SandboxStatus, SyncOutcome};
+use crate::status::{SandboxStatus, SyncOutcome};
+use crate::user::UserId;
 
 /// The migrations, in order: (version, SQL). A version is applied once, in one transaction.
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -27,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../../migrations/0003_used_link_nonces.sql"),
     ),
+    (4, include_str!("../../migrations/0004_user_sandboxes.sql")),
 ];
 
 /// How often a replica looks for status changes other replicas made.
@@ -40,21 +42,40 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// An arbitrary constant naming the migration lock among advisory locks.
 const MIGRATION_LOCK: i64 = 0x5348_4d41_5354_5241;
 
-/// A pool of connections to `url` with this store's timeouts.
+/// Whether `url` carries a password (a URL's `user:password@`, or `password=`).
+pub fn has_password(url: &str) -> bool {
+    tls::split(url)
+        .ok()
+        .and_then(|request| request.rest.parse::<tokio_postgres::Config>().ok())
+        .is_some_and(|config| config.get_password().is_some())
+}
+
+/// A pool of connections to `url` with this store's timeouts, over TLS as the URL's `sslmode`
+/// says (`require` when it says nothing and the host is not this machine; see `tls.rs`).
 pub fn pool(url: &str) -> Result<Pool, StoreError> {
-    let mut config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
-        StoreError::Unavailable(format!("bad database URL: {e}"))
-    })?;
-    config.connect_timeout(CONNECT_TIMEOUT).options(format!(
-        "-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
-    ));
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let request = tls::split(url)?;
+    let mut config: tokio_postgres::Config =
+        request.rest.parse().map_err(|e: tokio_postgres::Error| {
+            StoreError::Unavailable(format!("bad database URL: {e}"))
+        })?;
+    let mode = request.mode.unwrap_or_else(|| tls::default_mode(&config));
+    config
+        .connect_timeout(CONNECT_TIMEOUT)
+        .ssl_mode(tls::pg_mode(mode))
+        .options(format!(
+            "-c statement_timeout={STATEMENT_TIMEOUT_MS} -c lock_timeout={LOCK_TIMEOUT_MS}"
+        ));
+    let recycling = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match mode {
+        tls::SslMode::Disable => Manager::from_config(config, NoTls, recycling),
+        mode => Manager::from_config(
+            config,
+            MakeRustlsConnect::new(tls::client_config(mode, request.root_cert.as_deref())?),
+            recycling,
+        ),
+    };
     Pool::builder(manager)
         .max_size(16)
         .runtime(Runtime::Tokio1)
@@ -79,15 +100,31 @@ impl Drop for PostgresStore {
 }
 
 fn unavailable(e: deadpool_postgres::PoolError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+    StoreError::Unavailable(with_causes(&e))
 }
 
 fn query_error(e: tokio_postgres::Error) -> StoreError {
     if e.is_closed() || e.as_db_error().is_none() {
-        StoreError::Unavailable(e.to_string())
+        StoreError::Unavailable(with_causes(&e))
     } else {
-        StoreError::Query(e.to_string())
+        StoreError::Query(with_causes(&e))
     }
+}
+
+/// `e` and every error under it that its own text does not already say (a TLS failure's
+/// reason sits two levels down).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(next) = cause {
+        let said = next.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = next.source();
+    }
+    text
 }
 
 fn millis(d: Duration) -> i64 {
@@ -500,6 +537,17 @@ impl Store for PostgresStore {
         })
     }
 
+    fn link_nonce_spent(&self, nonce: String) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let client = self.pool.get().await.map_err(unavailable)?;
+            let row = client
+                .query_opt("SELECT 1 FROM used_link_nonces WHERE nonce = $1", &[&nonce])
+                .await
+                .map_err(query_error)?;
+            Ok(row.is_some())
+        })
+    }
+
     fn token_generation(&self, user: UserId) -> StoreFuture<'_, u64> {
         Box::pin(async move {
             let client = self.pool.get().await.map_err(unavailable)?;
@@ -556,6 +604,116 @@ impl Store for PostgresStore {
                         row.get::<_, i64>(1).unsigned_abs(),
                         row.get::<_, i64>(2),
                     ))
+                })
+                .collect()
+        })
+    }
+
+    fn sandbox_of(&self, user: UserId) -> StoreFuture<'_, Option<String>> {
+        Box::pin(async move {
+            let client = self.pool.get().await.map_err(unavailable)?;
+            let row = client
+                .query_opt(
+                    "SELECT sandbox_id FROM user_sandboxes WHERE user_id = $1",
+                    &[&user.as_str()],
+                )
+                .await
+                .map_err(query_error)?;
+            Ok(row.and_then(|row| row.get::<_, Option<String>>(0)))
+        })
+    }
+
+    fn claim_sandbox(
+        &self,
+        user: UserId,
+        owner: String,
+        lease: Duration,
+    ) -> StoreFuture<'_, SandboxClaim> {
+        Box::pin(async move {
+            let client = self.pool.get().await.map_err(unavailable)?;
+            // One statement: the row lock of `ON CONFLICT DO UPDATE` makes two claims at once
+            // see each other, so at most one is granted.
+            let granted = client
+                .query_opt(
+                    "INSERT INTO user_sandboxes (user_id, creator, creating_until, updated_at)
+                     VALUES ($1, $2, shmastra_now_ms() + $3, shmastra_now_ms())
+                     ON CONFLICT (user_id) DO UPDATE
+                        SET creator = EXCLUDED.creator,
+                            creating_until = EXCLUDED.creating_until,
+                            updated_at = EXCLUDED.updated_at
+                      WHERE user_sandboxes.sandbox_id IS NULL
+                        AND (user_sandboxes.creating_until IS NULL
+                             OR user_sandboxes.creating_until < shmastra_now_ms()
+                             OR user_sandboxes.creator = EXCLUDED.creator)
+                     RETURNING creator",
+                    &[&user.as_str(), &owner, &millis(lease)],
+                )
+                .await
+                .map_err(query_error)?;
+            if granted.is_some() {
+                return Ok(SandboxClaim::Create);
+            }
+            let row = client
+                .query_opt(
+                    "SELECT sandbox_id FROM user_sandboxes WHERE user_id = $1",
+                    &[&user.as_str()],
+                )
+                .await
+                .map_err(query_error)?;
+            Ok(match row.and_then(|row| row.get::<_, Option<String>>(0)) {
+                Some(sandbox) => SandboxClaim::Known(sandbox),
+                None => SandboxClaim::Creating,
+            })
+        })
+    }
+
+    fn set_sandbox(&self, user: UserId, owner: String, sandbox: String) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let changed = self
+                .execute(
+                    "UPDATE user_sandboxes
+                        SET sandbox_id = $3, creator = NULL, creating_until = NULL,
+                            updated_at = shmastra_now_ms()
+                      WHERE user_id = $1 AND creator = $2",
+                    &[&user.as_str(), &owner, &sandbox],
+                )
+                .await?;
+            Ok(changed == 1)
+        })
+    }
+
+    fn forget_sandbox(&self, user: UserId, sandbox: String) -> StoreFuture<'_, bool> {
+        Box::pin(async move {
+            let changed = self
+                .execute(
+                    "UPDATE user_sandboxes SET sandbox_id = NULL, updated_at = shmastra_now_ms()
+                      WHERE user_id = $1 AND sandbox_id = $2",
+                    &[&user.as_str(), &sandbox],
+                )
+                .await?;
+            Ok(changed == 1)
+        })
+    }
+
+    fn user_sandboxes(&self) -> StoreFuture<'_, Vec<(UserId, String)>> {
+        Box::pin(async move {
+            let client = self.pool.get().await.map_err(unavailable)?;
+            let rows = client
+                .query(
+                    "SELECT user_id, sandbox_id FROM user_sandboxes
+                      WHERE sandbox_id IS NOT NULL ORDER BY user_id",
+                    &[],
+                )
+                .await
+                .map_err(query_error)?;
+            rows.iter()
+                .map(|row| {
+                    let user: String = row.get(0);
+                    let user = UserId::parse(&user).map_err(|e| StoreError::Corrupt {
+                        what: "user id",
+                        message: e.to_string(),
+                    })?;
+                    Ok((user, row.get(1)))
                 })
                 .collect()
         })

@@ -5,56 +5,53 @@
 //! Routes (all but `/login` and `/static/*` need the session cookie; `/u/<user>/...` needs it
 //! to be `<user>`'s, else 403; every POST needs the session's CSRF token and, when the browser
 //! sends one, an `Origin` equal to the server's):
-//! `GET /login?t=LINK`, `GET /`, `GET /u/<user>`, `GET /u/<user>/events`,
+//! `GET /login?t=LINK`, `POST /login`, `GET /`, `GET /u/<user>`, `GET /u/<user>/events`,
 //! `GET /u/<user>/history`, `GET /u/<user>/saves/<commit>`, `POST /u/<user>/restore-version`,
-//! `POST /u/<user>/restore-project`, `GET /static/page.js`, `GET /static/page.css`.
+//! `POST /u/<user>/restore-project`, `POST /u/<user>/sign-out`, `GET /static/page.js`,
+//! `GET /static/page.css`.
+//!
+//! This module wires them; `session` checks who asks, `pages` and `actions` answer,
+//! `background` runs what they start, `respond` and `flash` are how they answer.
 
+mod actions;
+mod background;
+mod control;
+mod flash;
+mod history_cache;
+mod pages;
+mod respond;
 pub mod sandboxes;
+mod session;
 pub mod signin;
 pub mod statuses;
 pub mod view;
 
-use std::collections::{HashMap, HashSet};
-use std::convert::Infallible;
-use std::future::Future;
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use futures_util::stream::{self, StreamExt};
-use http::{HeaderMap, HeaderValue, StatusCode, header};
-use maud::Markup;
+use http::{HeaderMap, header};
 
-use crate::UserId;
-use crate::gitlab::GitLab;
-use crate::orchestrate::history::{HistoryError, RestoreToError, SaveHistory};
-use crate::orchestrate::lifecycle::{Lifecycle, Reprovisioned};
-use crate::orchestrate::{
-    OrchestrateError, Orchestrator, Persistence, ProjectHost, SandboxStatus, StatusSink,
-};
+use crate::admission::Admission;
+use crate::e2b::{E2bError, E2bLifecycle, E2bProvider, E2bSettings};
+use crate::event::{ExternalPush, OnExternalPush};
+use crate::host::ProjectPages;
+use crate::nonces::{NonceDir, Nonces, StoreNonces};
+use crate::orchestrate::history::SaveHistory;
+use crate::orchestrate::lifecycle::Lifecycle;
+use crate::orchestrate::{Orchestrator, Persistence, SandboxLayout};
 use crate::provider::{LocalProvider, SandboxProvider};
-use crate::proxy::embedded::EmbeddedUpstream;
-use crate::proxy::events::{ExternalPush, OnExternalPush};
-use crate::secrets::{FormProblem, SecretValue};
+use crate::status::StatusSink;
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::token::TokenSigner;
+use crate::user::UserId;
+use flash::Flashes;
 use sandboxes::LocalSandboxes;
-use signin::{LinkError, Session, SignIn};
+use signin::SignIn;
 use statuses::{LocalStatuses, StatusBoard, StoreStatuses};
-use view::{PageData, ProjectLink};
-
-/// The session cookie's name.
-const COOKIE: &str = "shmastra_session";
-/// How many saves the page lists.
-const HISTORY_LIMIT: usize = 30;
-/// The most of a diff the page shows.
-const MAX_DIFF_BYTES: usize = 1 << 20;
 
 /// The page's settings.
 #[derive(Debug, Clone, Default)]
@@ -65,86 +62,66 @@ pub struct WebConfig {
     pub public_url: Option<String>,
     /// Run each user's sandbox on this machine.
     pub sandboxes: Option<LocalSandboxes>,
+    /// The token state directory (`SHMASTRA_TOKEN_STATE`): without a database, used sign-in
+    /// links and signed-out sessions are remembered there, across restarts. With neither, the
+    /// page signs no one in.
+    pub token_state: Option<std::path::PathBuf>,
+    /// Bounds on the pages' live event streams.
+    pub event_streams: EventStreamLimits,
+    /// Run each user's sandbox at E2B (`E2B_API_KEY` and friends). Its watcher pushes to
+    /// `<public_url>/api/git`, so it needs `public_url`.
+    pub e2b: Option<E2bSettings>,
+    /// The dev server's health URL inside an E2B sandbox (default: the template's,
+    /// `http://localhost:4111/health`).
+    pub health_url: Option<String>,
 }
 
-/// What the page needs from where projects live, beyond history.
-pub trait ProjectPages: ProjectHost + SaveHistory + Sized + 'static {
-    /// Where the project button leads.
-    fn link(&self, user: &UserId) -> impl Future<Output = HostLink> + Send;
-    /// One save's diff.
-    fn diff(&self, user: &UserId, commit: &str) -> impl Future<Output = Diff> + Send;
+/// Bounds on `/u/<user>/events`: each stream holds a connection for as long as it is open, so
+/// they are capped per user and in total (below serve's connection limit, which leaves the
+/// rest to git and other pages), and one that carried no status for `idle` ends (the page's
+/// `EventSource` opens it again).
+#[derive(Debug, Clone)]
+pub struct EventStreamLimits {
+    /// Streams open at once, everyone together; past it, 503.
+    pub total: usize,
+    /// Streams one user may have open; past it, 429.
+    pub per_user: usize,
+    /// How long a stream may carry nothing but keep-alives.
+    pub idle: std::time::Duration,
 }
 
-/// Where a user's project is reached.
-pub enum HostLink {
-    /// A page of the host (GitLab's project page).
-    WebUrl(String),
-    /// Through this server's git proxy: the clone URL and the project token.
-    CloneHere,
-    /// The host cannot say now.
-    Unavailable,
-}
-
-/// A save's diff: its text, or where it is shown.
-pub enum Diff {
-    Text(String),
-    Elsewhere(String),
-    Missing(String),
-}
-
-impl ProjectPages for GitLab {
-    async fn link(&self, user: &UserId) -> HostLink {
-        match self.ensure_user_project(user).await {
-            Ok(project) if !project.web_url.is_empty() => HostLink::WebUrl(project.web_url),
-            Ok(_) => HostLink::Unavailable,
-            Err(e) => {
-                tracing::warn!(user = %user, error = %e, "cannot find the GitLab project");
-                HostLink::Unavailable
-            }
-        }
-    }
-
-    async fn diff(&self, user: &UserId, commit: &str) -> Diff {
-        match self.link(user).await {
-            HostLink::WebUrl(url) => Diff::Elsewhere(format!("{url}/-/commit/{commit}")),
-            _ => Diff::Missing("the GitLab project cannot be reached".into()),
+impl Default for EventStreamLimits {
+    /// 128 in all (a quarter of serve's default 512 connections), 4 per user, 10 minutes.
+    fn default() -> Self {
+        EventStreamLimits {
+            total: 128,
+            per_user: 4,
+            idle: std::time::Duration::from_secs(600),
         }
     }
 }
 
-impl ProjectPages for EmbeddedUpstream {
-    async fn link(&self, _user: &UserId) -> HostLink {
-        HostLink::CloneHere
-    }
-
-    async fn diff(&self, user: &UserId, commit: &str) -> Diff {
-        let out = tokio::process::Command::new("git")
-            .arg("--git-dir")
-            .arg(self.repo_dir(user))
-            .args(["show", "--stat", "--patch", "--format=fuller", commit, "--"])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
-            .await;
-        match out {
-            Ok(out) if out.status.success() => {
-                let text = &out.stdout[..out.stdout.len().min(MAX_DIFF_BYTES)];
-                Diff::Text(String::from_utf8_lossy(text).into_owned())
-            }
-            _ => Diff::Missing(format!("no save {commit} in this project")),
-        }
-    }
+/// The sandboxes the page brings up: where they come from, how they are laid out, and where
+/// their watchers push.
+pub struct PageSandboxes<P> {
+    /// Creates and finds users' sandboxes.
+    pub provider: P,
+    /// Where things are in them.
+    pub layout: SandboxLayout,
+    /// The proxy's git URL as the sandboxes reach it (`<public URL>/api/git`; serve's own
+    /// address for sandboxes on this machine).
+    pub git_url: String,
+    /// Users whose sandbox to bring up at once (sandboxes an earlier run left on this machine).
+    pub resume: Vec<UserId>,
 }
 
 /// Where sandboxes come from on this server, if anywhere.
-enum Backend<H> {
-    Sandboxes(Box<Lifecycle<LocalProvider, H>>),
+enum Backend<H, P> {
+    Sandboxes(Box<Lifecycle<P, H>>),
     HistoryOnly(Box<Orchestrator<H>>),
 }
 
-impl<H: ProjectHost> Backend<H> {
+impl<H: ProjectPages, P: SandboxProvider> Backend<H, P> {
     fn orchestrator(&self) -> &Orchestrator<H> {
         match self {
             Backend::Sandboxes(lifecycle) => lifecycle.orchestrator(),
@@ -152,7 +129,7 @@ impl<H: ProjectHost> Backend<H> {
         }
     }
 
-    fn lifecycle(&self) -> Option<&Lifecycle<LocalProvider, H>> {
+    fn lifecycle(&self) -> Option<&Lifecycle<P, H>> {
         match self {
             Backend::Sandboxes(lifecycle) => Some(lifecycle),
             Backend::HistoryOnly(_) => None,
@@ -160,79 +137,185 @@ impl<H: ProjectHost> Backend<H> {
     }
 }
 
-/// What the next page load shows once (Post/Redirect/Get): a notice, and the restore form's
-/// problems (names only, never a value).
-#[derive(Default)]
-struct Flash {
-    notice: Option<String>,
-    problems: Vec<FormProblem>,
-}
-
-struct Web<H> {
+/// The page's state, shared by every request.
+struct Web<H, P> {
     sign_in: SignIn,
-    /// Where used sign-in links are remembered: the shared store, so a link signs in once
-    /// across replicas.
-    used: Arc<dyn Store>,
+    /// Where used sign-in links and signed-out sessions are remembered: the shared store (a
+    /// link signs in once across replicas), else the token state directory; `None`: nowhere
+    /// durable, so sign-in is off.
+    nonces: Option<Arc<dyn Nonces>>,
     signer: TokenSigner,
     statuses: Arc<dyn StatusBoard>,
-    backend: Backend<H>,
+    backend: Backend<H, P>,
     public_url: Option<String>,
-    started: Mutex<HashSet<UserId>>,
-    flash: Mutex<HashMap<UserId, Flash>>,
+    /// The users whose sandbox this process is bringing up now.
+    starting: Mutex<HashSet<UserId>>,
+    flashes: Flashes,
+    /// The event streams open now.
+    streams: Arc<Admission>,
+    stream_idle: std::time::Duration,
+    histories: history_cache::HistoryCache,
 }
 
 /// The page's routes, what an external push does to a sandbox here, and the sandboxes to stop
 /// at shutdown.
 pub struct Workspace {
+    /// The routes.
     pub router: Router,
-    pub on_push: Option<OnExternalPush>,
+    /// The page's state as the control API uses it.
+    pub control: Arc<dyn crate::api::Control>,
+    /// What an external push does here: the user's history is read again, and their sandbox
+    /// synced when sandboxes run from here.
+    pub on_push: OnExternalPush,
+    /// Sandboxes on this machine, whose watchers serve stops at shutdown.
     pub sandboxes: Option<LocalSandboxes>,
 }
 
-/// Builds the page over `host`. `listen` is serve's bound address: sandboxes on this machine
-/// push through it. With the replicas' shared `store`, statuses and used sign-in links are
-/// every replica's; without, this process's own.
-pub fn workspace<H: ProjectPages>(
+/// Why the page cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// `--sandboxes-dir` cannot be used.
+    #[error("cannot set up the sandboxes directory {dir}: {source}")]
+    SandboxesDir {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The E2B client cannot be made.
+    #[error("cannot set up E2B: {0}")]
+    E2b(#[from] E2bError),
+    /// E2B sandboxes need a public URL to push to.
+    #[error(
+        "E2B sandboxes push their saves to this server over the internet: set SHMASTRA_PUBLIC_URL (or --public-url) to the URL they reach it at"
+    )]
+    E2bWithoutPublicUrl,
+    /// Both kinds of sandboxes were asked for.
+    #[error(
+        "both --sandboxes-dir and E2B_API_KEY are set: sandboxes run either on this machine or at E2B; unset one"
+    )]
+    TwoProviders,
+}
+
+/// Builds the page over `host`, with the sandboxes `config` names: on this machine, at E2B,
+/// or none (history only). `listen` is serve's bound address: sandboxes on this machine push
+/// through it. With the replicas' shared `store`, statuses, used sign-in links and the users'
+/// E2B sandbox ids are every replica's; without, this process's own.
+pub fn workspace<H: ProjectPages + SaveHistory>(
     host: H,
     signer: TokenSigner,
     config: &WebConfig,
     listen: SocketAddr,
     store: Option<Arc<dyn Store>>,
-) -> std::io::Result<Workspace> {
-    let (statuses, used): (Arc<dyn StatusBoard>, Arc<dyn Store>) = match store {
-        Some(store) => (Arc::new(StoreStatuses::new(store.clone())), store),
+) -> Result<Workspace, WorkspaceError> {
+    match (&config.sandboxes, &config.e2b) {
+        (Some(_), Some(_)) => Err(WorkspaceError::TwoProviders),
+        (Some(local), None) => {
+            let dir = |source| WorkspaceError::SandboxesDir {
+                dir: local.root.clone(),
+                source,
+            };
+            let provider = local.provider().map_err(dir)?;
+            // Sandboxes left from an earlier run get their watcher back.
+            let resume = std::fs::read_dir(&local.root)
+                .map_err(dir)?
+                .flatten()
+                .filter_map(|entry| UserId::parse(&entry.file_name().to_string_lossy()).ok())
+                .collect();
+            let sandboxes = PageSandboxes {
+                provider,
+                layout: local.layout(),
+                git_url: format!("http://{}/api/git", loopback(listen)),
+                resume,
+            };
+            let mut page = workspace_with(host, signer, config, store, Some(sandboxes));
+            page.sandboxes = Some(local.clone());
+            Ok(page)
+        }
+        (None, Some(settings)) => {
+            let public_url = config
+                .public_url
+                .as_deref()
+                .ok_or(WorkspaceError::E2bWithoutPublicUrl)?;
+            let ids: Arc<dyn Store> = store
+                .clone()
+                .unwrap_or_else(|| Arc::new(MemoryStore::new()));
+            let provider = E2bProvider::new(settings.clone(), ids, E2bLifecycle::default())?;
+            tracing::info!(template = %settings.template, api_url = %settings.api_url, "sandboxes: E2B");
+            let mut layout = SandboxLayout::shmastra();
+            if let (Some(url), Some(health)) = (&config.health_url, layout.health.as_mut()) {
+                health.url = url.clone();
+            }
+            let sandboxes = PageSandboxes {
+                provider,
+                layout,
+                git_url: format!("{}/api/git", public_url.trim_end_matches('/')),
+                resume: Vec::new(),
+            };
+            Ok(workspace_with(host, signer, config, store, Some(sandboxes)))
+        }
+        (None, None) => Ok(workspace_with::<H, LocalProvider>(
+            host, signer, config, store, None,
+        )),
+    }
+}
+
+/// [`workspace`] over any provider (a backend's own): `sandboxes` `None` is history only.
+pub fn workspace_with<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static>(
+    host: H,
+    signer: TokenSigner,
+    config: &WebConfig,
+    store: Option<Arc<dyn Store>>,
+    sandboxes: Option<PageSandboxes<P>>,
+) -> Workspace {
+    let (statuses, nonces): (Arc<dyn StatusBoard>, Option<Arc<dyn Nonces>>) = match store {
+        Some(store) => (
+            Arc::new(StoreStatuses::new(store.clone())),
+            Some(Arc::new(StoreNonces(store))),
+        ),
         None => (
             Arc::new(LocalStatuses::default()),
-            Arc::new(MemoryStore::new()),
+            config
+                .token_state
+                .as_ref()
+                .map(|dir| Arc::new(NonceDir::new(dir)) as Arc<dyn Nonces>),
         ),
     };
-    let loopback = match listen.ip() {
-        ip if ip.is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), listen.port()),
-        _ => listen,
-    };
-    let persistence = Persistence {
-        host,
-        signer: signer.clone(),
-        git_url: format!("http://{loopback}/api/git"),
-    };
-    let backend = match &config.sandboxes {
-        Some(local) => {
-            let orchestrator = Orchestrator::new(Some(persistence), local.layout());
+    if nonces.is_none() {
+        tracing::warn!(
+            "neither --database-url nor SHMASTRA_TOKEN_STATE is set: nothing durable remembers used sign-in links, so the workspace page signs no one in"
+        );
+    }
+    let mut resume = Vec::new();
+    let backend = match sandboxes {
+        Some(sandboxes) => {
+            let persistence = Persistence {
+                host,
+                signer: signer.clone(),
+                git_url: sandboxes.git_url,
+            };
+            let orchestrator = Orchestrator::new(Some(persistence), sandboxes.layout);
             let sink: Arc<dyn StatusSink> = statuses.clone();
+            resume = sandboxes.resume;
             Backend::Sandboxes(Box::new(Lifecycle::new(
-                local.provider()?,
+                sandboxes.provider,
                 orchestrator,
                 sink,
             )))
         }
         None => Backend::HistoryOnly(Box::new(Orchestrator::new(
-            Some(persistence),
-            crate::orchestrate::SandboxLayout::shmastra(),
+            Some(Persistence {
+                host,
+                signer: signer.clone(),
+                git_url: String::new(),
+            }),
+            SandboxLayout::shmastra(),
         ))),
     };
+    let has_sandboxes = backend.lifecycle().is_some();
     let web = Arc::new(Web {
         sign_in: SignIn::new(signer.clone()),
-        used,
+        nonces,
         signer,
         statuses,
         backend,
@@ -240,33 +323,71 @@ pub fn workspace<H: ProjectPages>(
             .public_url
             .as_ref()
             .map(|u| u.trim_end_matches('/').to_owned()),
-        started: Mutex::new(HashSet::new()),
-        flash: Mutex::new(HashMap::new()),
+        starting: Mutex::new(HashSet::new()),
+        flashes: Flashes::default(),
+        streams: Arc::new(Admission::new(
+            config.event_streams.total,
+            config.event_streams.per_user,
+        )),
+        stream_idle: config.event_streams.idle,
+        histories: history_cache::HistoryCache::default(),
     });
-    let on_push = config.sandboxes.as_ref().map(|_| {
+    let on_push = {
         let web = web.clone();
+        let syncs = has_sandboxes;
         Arc::new(move |push: ExternalPush| {
-            let web = web.clone();
-            tokio::spawn(async move { web.sync_after_push(push.user).await });
+            web.histories.forget(&push.user);
+            if syncs {
+                let web = web.clone();
+                tokio::spawn(async move { web.sync_after_push(push.user).await });
+            }
         }) as OnExternalPush
-    });
-    if let Some(local) = &config.sandboxes {
-        // Sandboxes left from an earlier run get their watcher back.
-        for entry in std::fs::read_dir(&local.root)?.flatten() {
-            if let Ok(user) = UserId::parse(&entry.file_name().to_string_lossy()) {
-                web.ensure_sandbox(&user);
+    };
+    // A user's status changing (a sync, a restore, a new sandbox) means their history may
+    // have: the next load reads it again.
+    tokio::spawn({
+        let mut changes = web.statuses.subscribe();
+        let web = Arc::downgrade(&web);
+        async move {
+            loop {
+                let change = changes.recv().await;
+                let Some(web) = web.upgrade() else { return };
+                match change {
+                    Ok(change) => {
+                        if let Ok(user) = UserId::parse(&change.sandbox) {
+                            web.histories.forget(&user);
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        web.histories.forget_all()
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
             }
         }
+    });
+    for user in &resume {
+        web.ensure_sandbox(user);
     }
     let router = Router::new()
-        .route("/login", get(login::<H>))
-        .route("/", get(home::<H>))
-        .route("/u/{user}", get(workspace_page::<H>))
-        .route("/u/{user}/events", get(events::<H>))
-        .route("/u/{user}/history", get(history::<H>))
-        .route("/u/{user}/saves/{commit}", get(save_diff::<H>))
-        .route("/u/{user}/restore-version", post(restore_version::<H>))
-        .route("/u/{user}/restore-project", post(restore_project::<H>))
+        .route(
+            "/login",
+            get(pages::login_page::<H, P>).post(pages::login::<H, P>),
+        )
+        .route("/", get(pages::home))
+        .route("/u/{user}", get(pages::workspace_page::<H, P>))
+        .route("/u/{user}/events", get(pages::events::<H, P>))
+        .route("/u/{user}/history", get(pages::history::<H, P>))
+        .route("/u/{user}/saves/{commit}", get(pages::save_diff::<H, P>))
+        .route(
+            "/u/{user}/restore-version",
+            post(actions::restore_version::<H, P>),
+        )
+        .route(
+            "/u/{user}/restore-project",
+            post(actions::restore_project::<H, P>),
+        )
+        .route("/u/{user}/sign-out", post(actions::sign_out::<H, P>))
         .route(
             "/static/page.js",
             get(|| async {
@@ -285,125 +406,25 @@ pub fn workspace<H: ProjectPages>(
                 )
             }),
         )
-        .layer(axum::middleware::map_response(security_headers))
-        .with_state(web);
-    Ok(Workspace {
+        .layer(axum::middleware::map_response(respond::security_headers))
+        .with_state(web.clone());
+    Workspace {
         router,
+        control: web.clone(),
         on_push,
-        sandboxes: config.sandboxes.clone(),
-    })
-}
-
-/// The page's headers on every answer: no caching (the form, the token), no framing, no
-/// referrer to other sites (the sign-in link is in a URL; `no-referrer` would make browsers send
-/// `Origin: null` on the page's own POSTs), scripts and styles only from this server.
-async fn security_headers(mut response: Response) -> Response {
-    let headers = response.headers_mut();
-    let set = [
-        (
-            header::CONTENT_SECURITY_POLICY,
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        ),
-        (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "same-origin"),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::CACHE_CONTROL, "no-store"),
-    ];
-    for (name, value) in set {
-        headers.insert(name, HeaderValue::from_static(value));
-    }
-    response
-}
-
-fn html(status: StatusCode, markup: Markup) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        markup.into_string(),
-    )
-        .into_response()
-}
-
-fn message(status: StatusCode, title: &str, text: &str) -> Response {
-    html(status, view::message_page(title, text))
-}
-
-/// A request the page turns away: status, title, message.
-struct Refused(StatusCode, &'static str, &'static str);
-
-impl IntoResponse for Refused {
-    fn into_response(self) -> Response {
-        message(self.0, self.1, self.2)
+        sandboxes: None,
     }
 }
 
-fn see_other(location: &str) -> Response {
-    (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
+/// `listen`, with an unspecified address (`0.0.0.0`) made loopback.
+fn loopback(listen: SocketAddr) -> SocketAddr {
+    match listen.ip() {
+        ip if ip.is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), listen.port()),
+        _ => listen,
+    }
 }
 
-fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
-}
-
-impl<H: ProjectPages> Web<H> {
-    /// The signed-in session, or the page that says to sign in.
-    fn session(&self, headers: &HeaderMap) -> Result<Session, Refused> {
-        cookie_value(headers, COOKIE)
-            .and_then(|v| self.sign_in.check_session(v))
-            .ok_or(Refused(
-                StatusCode::UNAUTHORIZED,
-                "Sign in",
-                "You are not signed in, or your session ended. Ask for a sign-in link (shmastra-cloud login-link --user YOU) and open it.",
-            ))
-    }
-
-    /// The session, which must be `user`'s own: anyone else gets 403.
-    fn owner(&self, headers: &HeaderMap, user: &str) -> Result<Session, Refused> {
-        let session = self.session(headers)?;
-        if session.user.as_str() != user {
-            tracing::warn!(signed_in = %session.user, asked = user, "refused: another user's project");
-            return Err(Refused(
-                StatusCode::FORBIDDEN,
-                "Not your project",
-                "This project belongs to another user.",
-            ));
-        }
-        Ok(session)
-    }
-
-    /// [`Web::owner`] for a state-changing request: the CSRF token must be the session's and
-    /// the browser's `Origin`, when sent, this server's.
-    fn owner_posting(
-        &self,
-        headers: &HeaderMap,
-        user: &str,
-        csrf: Option<&str>,
-    ) -> Result<Session, Refused> {
-        let session = self.owner(headers, user)?;
-        let origin_ok = match headers.get(header::ORIGIN) {
-            None => true,
-            Some(origin) => origin
-                .to_str()
-                .is_ok_and(|o| Some(o) == self.origin(headers).as_deref()),
-        };
-        if !origin_ok || !csrf.is_some_and(|t| self.sign_in.csrf_ok(&session, t)) {
-            tracing::warn!(user = %session.user, origin_ok, "refused: a form without this session's CSRF token or from another origin");
-            return Err(Refused(
-                StatusCode::FORBIDDEN,
-                "Refused",
-                "This form did not come from your workspace page. Reload the page and try again.",
-            ));
-        }
-        Ok(session)
-    }
-
+impl<H, P> Web<H, P> {
     /// This server's origin: the public URL's, else `http://<Host>`.
     fn origin(&self, headers: &HeaderMap) -> Option<String> {
         match &self.public_url {
@@ -415,6 +436,15 @@ impl<H: ProjectPages> Web<H> {
         }
     }
 
+    /// Whether the request's `Origin` is this server's.
+    fn same_origin(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get(header::ORIGIN)
+            .and_then(|o| o.to_str().ok())
+            .is_some_and(|o| Some(o) == self.origin(headers).as_deref())
+    }
+
+    /// Where people reach this server: the public URL, else this server's origin.
     fn base_url(&self, headers: &HeaderMap) -> String {
         self.public_url
             .clone()
@@ -422,6 +452,7 @@ impl<H: ProjectPages> Web<H> {
             .unwrap_or_default()
     }
 
+    /// Whether people reach this server over HTTPS (the session cookie is then `Secure`).
     fn secure(&self, headers: &HeaderMap) -> bool {
         self.public_url
             .as_deref()
@@ -429,82 +460,6 @@ impl<H: ProjectPages> Web<H> {
             || headers
                 .get("x-forwarded-proto")
                 .is_some_and(|p| p.as_bytes().eq_ignore_ascii_case(b"https"))
-    }
-
-    fn take_flash(&self, user: &UserId) -> Flash {
-        self.flash
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(user)
-            .unwrap_or_default()
-    }
-
-    fn put_flash(&self, user: &UserId, flash: Flash) {
-        self.flash
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(user.clone(), flash);
-    }
-
-    /// Once per user and server run: brings the user's sandbox up (created and restored when
-    /// there is none, the watcher started), in the background; the status shows each step.
-    fn ensure_sandbox(self: &Arc<Self>, user: &UserId) {
-        if self.backend.lifecycle().is_none()
-            || !self
-                .started
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(user.clone())
-        {
-            return;
-        }
-        let web = self.clone();
-        let user = user.clone();
-        tokio::spawn(async move {
-            let Some(lifecycle) = web.backend.lifecycle() else {
-                return;
-            };
-            match lifecycle.reprovision(&user, Vec::new()).await {
-                Ok(Reprovisioned::Present(_)) => {
-                    if web.statuses.status(user.as_str()).await.is_none() {
-                        web.statuses.set_status(user.as_str(), SandboxStatus::Ready);
-                    }
-                }
-                Ok(_) => {}
-                // The status says it (NeedsSecrets, Broken): the page shows it.
-                Err(e) => tracing::info!(user = %user, error = %e, "the sandbox is not up yet"),
-            }
-        });
-    }
-
-    async fn sync_after_push(&self, user: UserId) {
-        let Some(lifecycle) = self.backend.lifecycle() else {
-            return;
-        };
-        if lifecycle.provider().connect(&user).await.is_err() {
-            return;
-        }
-        // A failed sync is in the status (the page shows it); only a lost sandbox is more.
-        if let Err(e) = lifecycle.sync(&user).await {
-            tracing::warn!(user = %user, error = %e, "sync after an external push failed");
-        }
-    }
-
-    async fn history_of(
-        &self,
-        user: &UserId,
-    ) -> Result<Vec<crate::orchestrate::history::Save>, String> {
-        self.backend
-            .orchestrator()
-            .history(user, HISTORY_LIMIT)
-            .await
-            .map_err(|e| match e {
-                HistoryError::Off => e.to_string(),
-                e => {
-                    tracing::warn!(user = %user, error = %e, "cannot read the history");
-                    "The history cannot be read right now.".to_owned()
-                }
-            })
     }
 }
 
@@ -517,353 +472,9 @@ fn origin_of(url: &str) -> String {
     }
 }
 
-#[derive(serde::Deserialize)]
-struct LoginQuery {
-    t: Option<String>,
-}
-
-async fn login<H: ProjectPages>(
-    State(web): State<Arc<Web<H>>>,
-    headers: HeaderMap,
-    Query(query): Query<LoginQuery>,
-) -> Response {
-    let redeemed = match query.t.as_deref() {
-        Some(link) => web.sign_in.redeem(link, &*web.used).await,
-        None => Err(LinkError::Invalid),
-    };
-    let user = match redeemed {
-        Ok(user) => user,
-        Err(e) => {
-            tracing::info!(reason = %e, "sign-in link refused");
-            let status = match e {
-                LinkError::Used => StatusCode::GONE,
-                LinkError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-                LinkError::Invalid | LinkError::Expired => StatusCode::UNAUTHORIZED,
-            };
-            return message(status, "Sign-in refused", &e.to_string());
-        }
-    };
-    tracing::info!(user = %user, "signed in");
-    let mut cookie = format!(
-        "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
-        web.sign_in.session(&user),
-        signin::SESSION_TTL.as_secs()
-    );
-    if web.secure(&headers) {
-        cookie.push_str("; Secure");
-    }
-    let mut response = html(StatusCode::OK, view::signed_in_page(user.as_str()));
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_str(&cookie).expect("cookie is ASCII"),
-    );
-    response
-}
-
-async fn home<H: ProjectPages>(State(web): State<Arc<Web<H>>>, headers: HeaderMap) -> Response {
-    match web.session(&headers) {
-        Ok(session) => see_other(&format!("/u/{}", session.user)),
-        Err(refused) => refused.into_response(),
-    }
-}
-
-async fn workspace_page<H: ProjectPages>(
-    State(web): State<Arc<Web<H>>>,
-    headers: HeaderMap,
-    Path(user): Path<String>,
-) -> Response {
-    let session = match web.owner(&headers, &user) {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    let user = session.user.clone();
-    web.ensure_sandbox(&user);
-    let flash = web.take_flash(&user);
-    let status = web.statuses.status(user.as_str()).await;
-    let link = match web.backend.orchestrator().host() {
-        Some(host) => host.link(&user).await,
-        None => HostLink::Unavailable,
-    };
-    let project = match link {
-        HostLink::WebUrl(web_url) => Some(ProjectLink::GitLab { web_url }),
-        HostLink::CloneHere => Some(ProjectLink::Embedded {
-            clone_url: format!("{}/api/git/{user}.git", web.base_url(&headers)),
-            token: web
-                .signer
-                .mint_current(&user)
-                .unwrap_or_else(|_| web.signer.mint(&user)),
-        }),
-        HostLink::Unavailable => None,
-    };
-    let csrf = web.sign_in.csrf(&session);
-    let data = PageData {
-        user: user.as_str(),
-        csrf: &csrf,
-        status: status.as_ref(),
-        sandboxes: web.backend.lifecycle().is_some(),
-        project,
-        history: web.history_of(&user).await,
-        notice: flash.notice.as_deref(),
-        problems: &flash.problems,
-    };
-    html(StatusCode::OK, view::page(&data))
-}
-
-async fn events<H: ProjectPages>(
-    State(web): State<Arc<Web<H>>>,
-    headers: HeaderMap,
-    Path(user): Path<String>,
-) -> Response {
-    let session = match web.owner(&headers, &user) {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    let changes = web.statuses.subscribe();
-    let csrf = web.sign_in.csrf(&session);
-    let render = {
-        let web = web.clone();
-        let user = session.user.clone();
-        move || {
-            let (web, user, csrf) = (web.clone(), user.clone(), csrf.clone());
-            async move {
-                let status = web.statuses.status(user.as_str()).await;
-                Ok::<_, Infallible>(Event::default().event("status").data(view::to_event_data(
-                    view::status_fragment(
-                        user.as_str(),
-                        &csrf,
-                        status.as_ref(),
-                        web.backend.lifecycle().is_some(),
-                        &[],
-                    ),
-                )))
-            }
-        }
-    };
-    let first = stream::once(render());
-    let user = session.user.to_string();
-    let later = stream::unfold(
-        (changes, render, user),
-        |(mut changes, render, user)| async move {
-            loop {
-                match changes.recv().await {
-                    Ok(change) if change.sandbox != user => continue,
-                    // Behind: the latest status is all the page needs.
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        let event = render().await;
-                        return Some((event, (changes, render, user)));
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        },
-    );
-    Sse::new(first.chain(later))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
-}
-
-async fn history<H: ProjectPages>(
-    State(web): State<Arc<Web<H>>>,
-    headers: HeaderMap,
-    Path(user): Path<String>,
-) -> Response {
-    let session = match web.owner(&headers, &user) {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    let saves = web.history_of(&session.user).await;
-    let csrf = web.sign_in.csrf(&session);
-    let status = web.statuses.status(session.user.as_str()).await;
-    html(
-        StatusCode::OK,
-        view::history_fragment(
-            session.user.as_str(),
-            &csrf,
-            &saves,
-            view::can_restore(status.as_ref(), web.backend.lifecycle().is_some()),
-        ),
-    )
-}
-
-/// A commit id or unique prefix: hex, 4 to 64 digits.
-fn is_commit_id(text: &str) -> bool {
-    (4..=64).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-async fn save_diff<H: ProjectPages>(
-    State(web): State<Arc<Web<H>>>,
-    headers: HeaderMap,
-    Path((user, commit)): Path<(String, String)>,
-) -> Response {
-    let session = match web.owner(&headers, &user) {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    if !is_commit_id(&commit) {
-        return message(
-            StatusCode::NOT_FOUND,
-            "No such save",
-            "That is not a save id.",
-        );
-    }
-    let Some(host) = web.backend.orchestrator().host() else {
-        return message(
-            StatusCode::NOT_FOUND,
-            "No history",
-            "Project persistence is off.",
-        );
-    };
-    match host.diff(&session.user, &commit).await {
-        Diff::Text(text) => html(
-            StatusCode::OK,
-            view::diff_page(session.user.as_str(), &commit, &text),
-        ),
-        Diff::Elsewhere(url) => see_other(&url),
-        Diff::Missing(why) => message(StatusCode::NOT_FOUND, "No such save", &why),
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct RestoreVersionForm {
-    csrf: Option<String>,
-    commit: String,
-}
-
-async fn restore_version<H: ProjectPages>(
-    State(web): State<Arc<Web<H>>>,
-    headers: HeaderMap,
-    Path(user): Path<String>,
-    Form(form): Form<RestoreVersionForm>,
-) -> Response {
-    let session = match web.owner_posting(&headers, &user, form.csrf.as_deref()) {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    let page = format!("/u/{}", session.user);
-    if !is_commit_id(&form.commit) {
-        return message(
-            StatusCode::BAD_REQUEST,
-            "Not a save",
-            "That is not a save id.",
-        );
-    }
-    let status = web.statuses.status(session.user.as_str()).await;
-    if !view::can_restore(status.as_ref(), web.backend.lifecycle().is_some()) {
-        return message(
-            StatusCode::CONFLICT,
-            "Not now",
-            "Your sandbox is not up on this server: an earlier version can be restored once it is.",
-        );
-    }
-    let user = session.user;
-    tokio::spawn(async move {
-        let Some(lifecycle) = web.backend.lifecycle() else {
-            return;
-        };
-        let outcome = match lifecycle.provider().connect(&user).await {
-            Ok(sandbox) => lifecycle
-                .orchestrator()
-                .restore_to(&sandbox, &user, &form.commit, &[], &web.statuses)
-                .await
-                .map(|done| done.from),
-            Err(e) => Err(RestoreToError::Orchestrate(OrchestrateError::Sandbox(e))),
-        };
-        let notice = match outcome {
-            Ok(from) => format!("Restored the version {}.", &from[..from.len().min(12)]),
-            Err(e) => {
-                tracing::warn!(user = %user, error = %e, "restore to an earlier save failed");
-                e.to_string()
-            }
-        };
-        web.put_flash(
-            &user,
-            Flash {
-                notice: Some(notice),
-                problems: Vec::new(),
-            },
-        );
-    });
-    see_other(&page)
-}
-
-/// The form's secret fields are named `env.<NAME>`; an empty field counts as not given.
-const SECRET_FIELD: &str = "env.";
-
-async fn restore_project<H: ProjectPages>(
-    State(web): State<Arc<Web<H>>>,
-    headers: HeaderMap,
-    Path(user): Path<String>,
-    Form(fields): Form<Vec<(String, String)>>,
-) -> Response {
-    let csrf = fields
-        .iter()
-        .find(|(name, _)| name == "csrf")
-        .map(|(_, value)| value.as_str());
-    let session = match web.owner_posting(&headers, &user, csrf) {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    let user = session.user;
-    let page = format!("/u/{user}");
-    let Some(lifecycle) = web.backend.lifecycle() else {
-        return see_other(&page);
-    };
-    if !matches!(
-        web.statuses.status(user.as_str()).await,
-        Some(SandboxStatus::NeedsSecrets { .. })
-    ) {
-        web.put_flash(
-            &user,
-            Flash {
-                notice: Some("Your project does not wait for secrets.".into()),
-                problems: Vec::new(),
-            },
-        );
-        return see_other(&page);
-    }
-    let submitted: Vec<(String, SecretValue)> = fields
-        .into_iter()
-        .filter_map(|(name, value)| {
-            let name = name.strip_prefix(SECRET_FIELD)?.to_owned();
-            (!value.is_empty()).then(|| (name, SecretValue::new(value)))
-        })
-        .collect();
-    match lifecycle.reprovision(&user, submitted).await {
-        Ok(_) => {}
-        Err(OrchestrateError::Form(e)) => web.put_flash(
-            &user,
-            Flash {
-                notice: None,
-                problems: e.problems,
-            },
-        ),
-        Err(e) => web.put_flash(
-            &user,
-            Flash {
-                notice: Some(e.to_string()),
-                problems: Vec::new(),
-            },
-        ),
-    }
-    see_other(&page)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cookies_are_found_by_name() {
-        let mut headers = HeaderMap::new();
-        headers.append(
-            header::COOKIE,
-            HeaderValue::from_static("a=1; shmastra_session=x.y"),
-        );
-        headers.append(header::COOKIE, HeaderValue::from_static("b=2"));
-        assert_eq!(cookie_value(&headers, COOKIE), Some("x.y"));
-        assert_eq!(cookie_value(&headers, "b"), Some("2"));
-        assert_eq!(cookie_value(&headers, "c"), None);
-    }
 
     #[test]
     fn origins() {
@@ -872,13 +483,5 @@ mod tests {
             "https://cloud.example"
         );
         assert_eq!(origin_of("http://127.0.0.1:8080"), "http://127.0.0.1:8080");
-    }
-
-    #[test]
-    fn save_ids_are_hex() {
-        assert!(is_commit_id("1a2b3c4d"));
-        assert!(!is_commit_id("HEAD"));
-        assert!(!is_commit_id("1a2"));
-        assert!(!is_commit_id("--output=x"));
     }
 }

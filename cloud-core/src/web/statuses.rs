@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use futures_util::future::BoxFuture;
 use tokio::sync::broadcast;
 
-use crate::orchestrate::{SandboxStatus, StatusSink};
+use crate::status::{SandboxStatus, StatusSink};
 use crate::store::{StatusChange, Store, StoreStatusSink};
 
 /// Read a user's status, and follow every change.

@@ -4,9 +4,9 @@
 
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
-use crate::orchestrate::history::{Save, SaveKind};
-use crate::orchestrate::{ProvisionStep, SandboxStatus};
+use crate::orchestrate::history::Save;
 use crate::secrets::FormProblem;
+use crate::status::{ProvisionStep, SandboxStatus};
 
 /// How the project is reached from a laptop.
 pub enum ProjectLink {
@@ -56,6 +56,25 @@ pub fn message_page(title: &str, message: &str) -> Markup {
     )
 }
 
+/// What a sign-in link opens: who it signs in, and a button that does it (a `POST`). Opening
+/// the link spends nothing, so a chat preview or a mail scanner that fetches it leaves it for
+/// the user; the `POST` must come from this page's origin, so another site cannot sign a
+/// browser in as someone else.
+pub fn sign_in_page(user: &str, link: &str) -> Markup {
+    layout(
+        "Sign in",
+        html! {
+            main {
+                h1 { "Sign in" }
+                form #sign-in method="post" action="/login" {
+                    input type="hidden" name="t" value=(link);
+                    button type="submit" { "Sign in as " (user) }
+                }
+            }
+        },
+    )
+}
+
 /// The answer to a redeemed link: it goes on to the workspace by a refresh from this origin,
 /// not by an HTTP redirect. A link opened from a mail or a chat is a cross-site navigation, and
 /// a redirect inherits that: the browser would not send the `SameSite=Strict` cookie it just
@@ -87,6 +106,10 @@ pub fn page(data: &PageData<'_>) -> Markup {
         html! {
             main #workspace data-user=(data.user) {
                 h1 { "Workspace of " (data.user) }
+                form #sign-out method="post" action={"/u/" (data.user) "/sign-out"} {
+                    input type="hidden" name="csrf" value=(data.csrf);
+                    button type="submit" { "Sign out" }
+                }
                 @if let Some(notice) = data.notice {
                     p #notice role="alert" { (notice) }
                 }
@@ -110,6 +133,7 @@ fn badge(status: Option<&SandboxStatus>, sandboxes: bool) -> (&'static str, &'st
         None => ("none", "○", "No sandbox on this server".into()),
         Some(SandboxStatus::Ready) => ("ready", "●", "Ready".into()),
         Some(SandboxStatus::Syncing) => ("syncing", "◐", "Syncing".into()),
+        Some(SandboxStatus::Starting { .. }) => ("syncing", "◐", "Starting the dev server".into()),
         Some(SandboxStatus::Restoring) => ("syncing", "◐", "Restoring an earlier version".into()),
         Some(SandboxStatus::Provisioning { step }) => (
             "syncing",
@@ -147,13 +171,27 @@ pub fn status_fragment(
                 div #failure {
                     p { "Step: " strong #failure-step { (failure.step) } }
                     p #failure-message { (failure.message) }
-                    @if !failure.tail.is_empty() { pre #failure-tail { (failure.tail) } }
+                    @if !failure.first.is_empty() {
+                        p { "First error lines:" }
+                        pre #failure-first { (failure.first) }
+                    }
+                    @if !failure.tail.is_empty() {
+                        p { "End of the output:" }
+                        pre #failure-tail { (failure.tail) }
+                    }
+                    p #failure-next {
+                        "To fix it, push a fix from your clone, or restore an earlier save "
+                        "with its \"Restore this version\" button below."
+                    }
                 }
             }
             Some(SandboxStatus::NeedsSecrets { names }) => {
                 (restore_form(user, csrf, names, problems))
             }
             Some(SandboxStatus::NeedsAttention { reason }) => { p #attention { (reason) } }
+            Some(SandboxStatus::Starting { url }) => {
+                p #starting { "Waiting for " code { (url) } " to answer." }
+            }
             _ => {}
         }
     }
@@ -164,7 +202,8 @@ fn problem_for<'a>(problems: &'a [FormProblem], field: &str) -> Option<&'a FormP
         FormProblem::Missing { name }
         | FormProblem::Duplicate { name }
         | FormProblem::ContainsNul { name }
-        | FormProblem::TooLarge { name, .. } => name == field,
+        | FormProblem::TooLarge { name, .. }
+        | FormProblem::NoExactForm { name } => name == field,
         FormProblem::Unexpected { .. } | FormProblem::TotalTooLarge { .. } => false,
     })
 }
@@ -219,16 +258,6 @@ fn project(link: Option<&ProjectLink>) -> Markup {
     }
 }
 
-fn kind_name(kind: SaveKind) -> &'static str {
-    match kind {
-        SaveKind::Autosave => "autosave",
-        SaveKind::Restore => "restore",
-        SaveKind::Sync => "sync",
-        SaveKind::Backup => "backup",
-        SaveKind::Other => "other",
-    }
-}
-
 /// Whether "Restore this version" is offered: this server runs the user's sandbox, and it is
 /// up (not being made, nor waiting for its secrets).
 pub fn can_restore(status: Option<&SandboxStatus>, sandboxes: bool) -> bool {
@@ -258,7 +287,7 @@ pub fn history_fragment(
                         li .save data-commit=(save.commit) {
                             time datetime=(save.time) { (save.time) }
                             " "
-                            span .kind { (kind_name(save.kind)) }
+                            span .kind { (save.kind.as_str()) }
                             " "
                             a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
                             @if !save.files.is_empty() {

@@ -9,18 +9,22 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use axum::body::Body;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
+use shmastra_contract::env::DEFAULT_BRANCH;
 use tokio::process::Command;
 use tokio::sync::Mutex;
 
-use super::upstream::{Upstream, UpstreamError, UpstreamRequest};
-use crate::UserId;
+use super::bounded;
+use crate::admission::Admission;
+use crate::host::{Diff, HostLink, ProjectHost, ProjectPages};
 use crate::http_backend::{self, Children};
-use crate::orchestrate::ProjectHost;
 use crate::orchestrate::history::{HistoryError, SaveHistory};
+use crate::proxy::upstream::{Upstream, UpstreamError, UpstreamRequest};
+use crate::user::UserId;
 
 /// The hook that protects history, run by `git receive-pack` once per ref.
 const UPDATE_HOOK: &str = r#"#!/bin/sh
@@ -47,6 +51,11 @@ exit 0
 /// `.`, so no repository is named like it.
 const HOOKS_DIR: &str = ".shmastra-hooks";
 
+/// The git commands the page may run at once for one user (diffs, histories), and for all.
+const PAGE_GIT_PER_USER: usize = 2;
+const PAGE_GIT_TOTAL: usize = 16;
+
+/// The embedded upstream: one bare repository per user under a directory.
 pub struct EmbeddedUpstream {
     root: PathBuf,
     /// `core.hooksPath` for every request, unless history rewrites are allowed.
@@ -54,6 +63,8 @@ pub struct EmbeddedUpstream {
     children: Children,
     /// Serialises repository creation, so two first requests do not race `git init`.
     creating: Mutex<()>,
+    /// The page's git commands running now.
+    page_git: Arc<Admission>,
 }
 
 impl EmbeddedUpstream {
@@ -71,6 +82,9 @@ impl EmbeddedUpstream {
     ) -> std::io::Result<EmbeddedUpstream> {
         let root = std::path::absolute(root.into())?;
         std::fs::create_dir_all(&root)?;
+        // Only this server reads the repositories: a sandbox's code on this machine, running as
+        // another user, must not read another user's project from the disk.
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
         let hooks = if protect_history {
             let dir = root.join(HOOKS_DIR);
             std::fs::create_dir_all(&dir)?;
@@ -86,6 +100,7 @@ impl EmbeddedUpstream {
             hooks,
             children: Children::default(),
             creating: Mutex::new(()),
+            page_git: Arc::new(Admission::new(PAGE_GIT_TOTAL, PAGE_GIT_PER_USER)),
         })
     }
 
@@ -206,43 +221,109 @@ impl SaveHistory for EmbeddedUpstream {
             user: user.clone(),
             reason,
         };
-        let out = tokio::process::Command::new("git")
-            .arg("--git-dir")
-            .arg(&dir)
-            .args([
-                "log",
-                "--branches",
-                "--date-order",
-                &format!("--max-count={limit}"),
-                "--format=%H%x00%cI%x00%B%x1e",
-                "--",
-            ])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()
+        let Ok(_slot) = self.page_git.admit(user) else {
+            return Err(failed(
+                "too many git commands for this user at once".to_owned(),
+            ));
+        };
+        let mut log = page_git(&dir);
+        log.args([
+            "log",
+            "--branches",
+            "--date-order",
+            &format!("--max-count={limit}"),
+            "--format=%H%x00%cI%x00%B%x1e",
+            "--",
+        ]);
+        // A repository without any branch yet lists nothing and succeeds.
+        let (records, failed_or_cut) = bounded::log_records(log)
             .await
             .map_err(|e| failed(format!("cannot run git: {e}")))?;
-        // A repository without any branch yet lists nothing and succeeds.
+        if failed_or_cut && records.is_empty() {
+            return Err(failed("git log failed".to_owned()));
+        }
+        Ok(records)
+    }
+
+    async fn saved_file(&self, user: &UserId, path: &str) -> Result<Option<Vec<u8>>, HistoryError> {
+        let dir = self.repo_dir(user);
+        if !dir.join("HEAD").exists() {
+            return Ok(None);
+        }
+        let failed = |reason: String| HistoryError::Embedded {
+            user: user.clone(),
+            reason,
+        };
+        let git = |args: &[&str]| page_git(&dir).args(args).output();
+        let object = format!("refs/heads/{DEFAULT_BRANCH}:{path}");
+        let found = git(&["rev-parse", "--verify", "--quiet", &object])
+            .await
+            .map_err(|e| failed(format!("cannot run git: {e}")))?;
+        // No branch yet, or no such file on it.
+        if !found.status.success() {
+            return Ok(None);
+        }
+        let id = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+        let size = git(&["cat-file", "-s", &id])
+            .await
+            .map_err(|e| failed(format!("cannot run git: {e}")))?;
+        let size: u64 = String::from_utf8_lossy(&size.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(u64::MAX);
+        if size > MAX_SAVED_FILE {
+            return Err(failed(format!(
+                "{path} on the saved branch is {size} bytes, more than the {MAX_SAVED_FILE} read"
+            )));
+        }
+        let out = git(&["cat-file", "blob", &id])
+            .await
+            .map_err(|e| failed(format!("cannot run git: {e}")))?;
         if !out.status.success() {
             return Err(failed(
                 String::from_utf8_lossy(&out.stderr).trim().to_owned(),
             ));
         }
-        let text = String::from_utf8_lossy(&out.stdout);
-        Ok(text
-            .split('\x1e')
-            .map(|record| record.trim_start_matches('\n'))
-            .filter(|record| !record.is_empty())
-            .filter_map(|record| {
-                let mut fields = record.splitn(3, '\0');
-                Some((
-                    fields.next()?.to_owned(),
-                    fields.next()?.to_owned(),
-                    fields.next()?.to_owned(),
-                ))
-            })
-            .collect())
+        Ok(Some(out.stdout))
+    }
+}
+
+/// `git --git-dir <dir>` for the page, with a cleared environment.
+fn page_git(dir: &Path) -> Command {
+    let mut command = Command::new("git");
+    command
+        .arg("--git-dir")
+        .arg(dir)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null");
+    command
+}
+
+/// Largest saved file read (the manifest is far smaller).
+const MAX_SAVED_FILE: u64 = 1 << 20;
+
+impl ProjectPages for EmbeddedUpstream {
+    async fn link(&self, _user: &UserId) -> HostLink {
+        HostLink::CloneHere
+    }
+
+    /// `git show` of the save, read up to 1 MiB (git is stopped there).
+    async fn diff(&self, user: &UserId, commit: &str) -> Diff {
+        let Ok(_slot) = self.page_git.admit(user) else {
+            return Diff::Busy;
+        };
+        let mut show = page_git(&self.repo_dir(user));
+        show.args(["show", "--stat", "--patch", "--format=fuller", commit, "--"]);
+        match bounded::output_capped(show, bounded::MAX_DIFF_BYTES).await {
+            Ok(out) if out.cut => {
+                let mut text = String::from_utf8_lossy(&out.bytes).into_owned();
+                text.push_str("\n… (the diff goes on: the page shows its first 1 MiB)\n");
+                Diff::Text(text)
+            }
+            Ok(out) if out.success => Diff::Text(String::from_utf8_lossy(&out.bytes).into_owned()),
+            _ => Diff::Missing(format!("no save {commit} in this project")),
+        }
     }
 }

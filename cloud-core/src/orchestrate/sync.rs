@@ -1,0 +1,161 @@
+//! Bringing a running sandbox to the pushed branch: one run at a time per sandbox, the status
+//! on the way, and the outcome of the run that covered each call.
+
+use shmastra_contract::env;
+use shmastra_contract::{SyncCommand, SyncFailure};
+
+use super::{OrchestrateError, Orchestrator, exit_text, failure_of};
+use crate::host::ProjectHost;
+use crate::sandbox::{Exec, Sandbox, SandboxError};
+use crate::status::{SandboxStatus, StatusSink, SyncOutcome};
+use crate::user::UserId;
+
+impl<H: ProjectHost> Orchestrator<H> {
+    /// Brings a running sandbox to the pushed branch: status `syncing`, then `starting` while
+    /// the restarted dev server's health check has not answered, then `ready`, or `broken`
+    /// with the failure file (also when the sandbox is gone, or when the dev server did not
+    /// come up: step [`super::HEALTH_STEP`]), and returns how the run
+    /// that covered this call ended. Calls that arrive during a run coalesce into one more
+    /// run, and each of them waits for that run and gets its outcome. With the feature off
+    /// there is nothing to sync from: `Synced` with no commit.
+    pub async fn sync<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+        status: &impl StatusSink,
+    ) -> SyncOutcome {
+        let outcome = self
+            .syncs
+            .trigger(sandbox.id(), || async {
+                Some(match self.sync_once(sandbox, user, status).await {
+                    Ok(outcome) => outcome,
+                    Err(gone) => gone_failure(sandbox.id(), &gone, status),
+                })
+            })
+            .await;
+        // Covered by a `try_sync` run that lost the sandbox: its caller recovers it.
+        outcome.unwrap_or_else(|| SyncOutcome::Failed {
+            failure: SyncFailure::new("sync", gone(sandbox).to_string()),
+        })
+    }
+
+    /// [`Orchestrator::sync`] for callers that recover lost sandboxes: a sandbox that is gone
+    /// is an error (the status stays `syncing`), everything else ends as in `sync`.
+    pub async fn try_sync<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+        status: &impl StatusSink,
+    ) -> Result<SyncOutcome, OrchestrateError> {
+        self.syncs
+            .trigger(sandbox.id(), || async {
+                self.sync_once(sandbox, user, status).await.ok()
+            })
+            .await
+            .ok_or_else(|| gone(sandbox).into())
+    }
+
+    /// One sync run. `Err` only when the sandbox is gone; every other outcome is returned, and
+    /// set as the status.
+    pub(super) async fn sync_once<S: Sandbox>(
+        &self,
+        sandbox: &S,
+        user: &UserId,
+        status: &impl StatusSink,
+    ) -> Result<SyncOutcome, SandboxError> {
+        let Some(persistence) = &self.persistence else {
+            return Ok(SyncOutcome::Synced { commit: None });
+        };
+        status.set_status(sandbox.id(), SandboxStatus::Syncing);
+        let layout = &self.layout;
+        let failure_file = sandbox.home().join(&layout.failure_file);
+        let command = SyncCommand {
+            failure_file: failure_file.display().to_string(),
+            stop_cmd: Some(layout.stop_dev_server.clone()),
+            install_cmd: layout.install_cmd.clone(),
+            start_cmd: Some(layout.start_dev_server.clone()),
+            ..SyncCommand::new(
+                sandbox
+                    .home()
+                    .join(&layout.project_dir)
+                    .display()
+                    .to_string(),
+            )
+        };
+        let exec = Exec::new(command.shell(&layout.watcher_bin), layout.sync_timeout)
+            .env(env::PROJECT_TOKEN, persistence.token(user));
+        let failure = match self.in_project(sandbox, exec).await {
+            Ok(out) if out.success() => None,
+            Ok(out) => Some(match sandbox.read_file(&failure_file).await {
+                Ok(Some(bytes)) => SyncFailure::parse(&bytes),
+                Err(e) if e.is_gone() => return Err(e),
+                _ => failure_of(
+                    "sync",
+                    format!("project-watcher sync exited with {}", exit_text(&out)),
+                    &out,
+                ),
+            }),
+            Err(OrchestrateError::Sandbox(e)) if e.is_gone() => return Err(e),
+            Err(e) => Some(SyncFailure::new("sync", e.to_string())),
+        };
+        // The sync restarted the dev server: the sandbox is ready once it answers.
+        let failure = match failure {
+            None => self.wait_until_up(sandbox, status).await?,
+            failure => failure,
+        };
+        let outcome = match failure {
+            None => SyncOutcome::Synced {
+                commit: self.head(sandbox).await,
+            },
+            Some(failure) => {
+                tracing::warn!(sandbox = sandbox.id(), step = %failure.step, message = %failure.message, "sync failed");
+                SyncOutcome::Failed { failure }
+            }
+        };
+        status.set_status(sandbox.id(), outcome.status());
+        Ok(outcome)
+    }
+
+    /// The project's `HEAD` commit, when git in the sandbox can tell.
+    async fn head<S: Sandbox>(&self, sandbox: &S) -> Option<String> {
+        let out = self
+            .in_project(
+                sandbox,
+                Exec::new(
+                    "git rev-parse --verify --quiet HEAD",
+                    self.layout.command_timeout,
+                ),
+            )
+            .await
+            .ok()?;
+        let commit = out.stdout.trim();
+        (out.success() && is_object_id(commit)).then(|| commit.to_owned())
+    }
+}
+
+fn gone<S: Sandbox>(sandbox: &S) -> SandboxError {
+    SandboxError::Gone {
+        sandbox: sandbox.id().to_owned(),
+    }
+}
+
+/// A run of [`Orchestrator::sync`] that lost the sandbox: `broken`, and that failure.
+pub(super) fn gone_failure(
+    sandbox: &str,
+    gone: &SandboxError,
+    status: &impl StatusSink,
+) -> SyncOutcome {
+    let failure = SyncFailure::new("sync", gone.to_string());
+    status.set_status(
+        sandbox,
+        SandboxStatus::Broken {
+            failure: failure.clone(),
+        },
+    );
+    SyncOutcome::Failed { failure }
+}
+
+/// A full SHA-1 or SHA-256 object id in hex.
+fn is_object_id(text: &str) -> bool {
+    matches!(text.len(), 40 | 64) && text.bytes().all(|b| b.is_ascii_hexdigit())
+}

@@ -1,0 +1,48 @@
+//! What the next page load shows once (Post/Redirect/Get): a notice, and the restore form's
+//! problems (names only, never a value).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::secrets::FormProblem;
+use crate::user::UserId;
+
+/// One user's message for their next page load.
+#[derive(Default)]
+pub(super) struct Flash {
+    pub notice: Option<String>,
+    pub problems: Vec<FormProblem>,
+}
+
+impl Flash {
+    /// A notice alone.
+    pub fn notice(text: impl Into<String>) -> Flash {
+        Flash {
+            notice: Some(text.into()),
+            problems: Vec::new(),
+        }
+    }
+}
+
+/// The flashes waiting for their user's next page load, in this process.
+#[derive(Default)]
+pub(super) struct Flashes(Mutex<HashMap<UserId, Flash>>);
+
+impl Flashes {
+    /// The user's flash, gone once taken; empty when there is none.
+    pub fn take(&self, user: &UserId) -> Flash {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(user)
+            .unwrap_or_default()
+    }
+
+    /// Replaces the user's flash.
+    pub fn put(&self, user: &UserId, flash: Flash) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(user.clone(), flash);
+    }
+}
