@@ -16,10 +16,12 @@ pub struct Success {
     pub json: Value,
 }
 
-/// Why a command failed, and which exit code says so.
+/// Why a command failed, and which exit code says so; `report` is what it did before it
+/// failed (a back-fill's lines), printed as a success's would be.
 pub struct Failure {
     pub exit_code: u8,
     pub error: anyhow::Error,
+    pub report: Option<Success>,
 }
 
 impl Failure {
@@ -28,6 +30,7 @@ impl Failure {
         Failure {
             exit_code: 2,
             error: error.into(),
+            report: None,
         }
     }
 
@@ -36,6 +39,15 @@ impl Failure {
         Failure {
             exit_code: 1,
             error: error.into(),
+            report: None,
+        }
+    }
+
+    /// The command ran, part of it failed, and `report` says what each part did: exit code 1.
+    pub fn partial(report: Success, error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            report: Some(report),
+            ..Failure::runtime(error)
         }
     }
 }
@@ -56,12 +68,19 @@ pub fn report(outcome: Outcome, as_json: bool) -> ExitCode {
         }
         Err(failure) => {
             let diagnosis = format!("{:#}", failure.error).replace(['\n', '\r'], " ");
+            if let (Some(report), false) = (&failure.report, as_json) {
+                println!("{}", report.text);
+            }
             eprintln!("shmastra-cloud: error: {diagnosis}");
             if as_json {
-                println!(
-                    "{}",
-                    json!({ "ok": false, "error": diagnosis, "exit_code": failure.exit_code })
-                );
+                let mut object =
+                    json!({ "ok": false, "error": diagnosis, "exit_code": failure.exit_code });
+                if let (Value::Object(out), Some(Value::Object(fields))) =
+                    (&mut object, failure.report.map(|r| r.json))
+                {
+                    out.extend(fields);
+                }
+                println!("{object}");
             }
             ExitCode::from(failure.exit_code)
         }

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use cloud_core::e2b::E2bSettings;
 use cloud_core::{
-    Config, ConnectionLimits, LocalSandboxes, ProxyLimits, ServeConfig, ServeError, TokenSigner,
-    UpstreamChoice, WEBHOOK_SECRET_ENV, WebConfig, serve, watcher_on_path, webhook_secret,
+    API_KEY_ENV, ApiKeys, Config, ConnectionLimits, LocalSandboxes, ProjectPath, ProxyLimits,
+    ServeConfig, ServeError, TokenSigner, UpstreamChoice, WEBHOOK_SECRET_ENV, WebConfig, serve,
+    watcher_on_path, webhook_secret,
 };
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
@@ -67,7 +69,20 @@ pub struct ServeArgs {
     /// that died mid-run is run by another within this time.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_lease: Duration,
-    /// Run each user's sandbox on this machine, at DIR/<user>, with the watcher in it.
+    /// With --database-url: how long this replica accepts project tokens while it cannot read
+    /// the token revocations from the database; past it every git request gets 503 and
+    /// /healthz says unhealthy (a revocation made meanwhile would be missed).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub token_state_max_age: Duration,
+    /// How long a workspace page's live event stream may carry no status before it ends (the
+    /// page opens it again). Streams are also capped: 4 per user, a quarter of
+    /// --max-connections in all, so the rest stay for git.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub event_stream_idle: Duration,
+    /// Run each user's sandbox on this machine, at DIR/<user>, with the watcher in it. As
+    /// root, each sandbox runs as a uid of its own (200000 and up; its directory 0700), so its
+    /// code reads neither this server nor another sandbox; not as root, DIR serves one user.
+    /// The kernel, CPU, memory, disk and network stay shared: only a VM (E2B) separates those.
     #[arg(long, value_name = "DIR")]
     pub sandboxes_dir: Option<PathBuf>,
     /// The project-watcher binary the sandboxes run (default: from PATH).
@@ -76,6 +91,22 @@ pub struct ServeArgs {
     /// The dependency install command of a sandbox's sync (default: the lock file's manager).
     #[arg(long, value_name = "CMD")]
     pub install_cmd: Option<String>,
+    /// Whether --database-url came on the command line (which every process here may read in
+    /// `/proc/<pid>/cmdline`) rather than from `DATABASE_URL`.
+    #[arg(skip)]
+    pub database_url_on_command_line: bool,
+    /// The dev server's health URL inside each E2B sandbox: "Ready" once it answers 2xx.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "http://localhost:4111/health"
+    )]
+    pub health_url: String,
+    /// Where each user's GitLab project is: `<group>/` and a path around `<user>` (the user id)
+    /// or `<user:N>` (its first N characters). A deployment whose projects exist under another
+    /// naming keeps them: `<group>/shmastra-user-<user:8>`.
+    #[arg(long, env = "GITLAB_PROJECT_PATH", value_name = "TEMPLATE", default_value = cloud_core::DEFAULT_PROJECT_PATH)]
+    pub project_path: String,
     /// Where people reach this server (https://cloud.example): sign-in links, the clone URL,
     /// the cookie's Secure flag and the CSRF origin check use it.
     #[arg(long, env = crate::login_link::PUBLIC_URL_ENV, value_name = "URL")]
@@ -92,13 +123,21 @@ pub async fn run(args: ServeArgs) -> Outcome {
             }
             UpstreamChoice::Embedded(dir)
         }
-        (None, Some(config)) => UpstreamChoice::GitLab(config),
+        (None, Some(mut config)) => {
+            config.project_path =
+                ProjectPath::parse(&args.project_path).map_err(Failure::config)?;
+            UpstreamChoice::GitLab(config)
+        }
         (None, None) => {
             return Err(Failure::config(anyhow::anyhow!(
                 "no upstream: set GITLAB_SERVICE_TOKEN and GITLAB_GROUP_ID, or pass --upstream-dir DIR for the embedded one"
             )));
         }
     };
+    let api_keys = ApiKeys::from_env().map_err(Failure::config)?;
+    if api_keys.is_none() {
+        tracing::info!("{API_KEY_ENV} is not set: the control API (/api/v1/) is off");
+    }
     let webhook_secret = std::env::var(WEBHOOK_SECRET_ENV)
         .ok()
         .filter(|s| !s.is_empty())
@@ -121,6 +160,17 @@ pub async fn run(args: ServeArgs) -> Outcome {
         return Err(Failure::config(anyhow::anyhow!(
             "both --database-url and {} are set: token generations live in one place; unset one",
             cloud_core::TOKEN_STATE_ENV
+        )));
+    }
+    if args.sandboxes_dir.is_some()
+        && args.database_url_on_command_line
+        && args
+            .database_url
+            .as_deref()
+            .is_some_and(cloud_core::store::postgres::has_password)
+    {
+        return Err(Failure::config(anyhow::anyhow!(
+            "--database-url carries a password on the command line, which every process on this machine may read (/proc/<pid>/cmdline), the sandboxes' code included: pass it in DATABASE_URL instead"
         )));
     }
     let database = args
@@ -147,9 +197,12 @@ pub async fn run(args: ServeArgs) -> Outcome {
                 root,
                 watcher_bin: watcher.display().to_string(),
                 install_cmd: args.install_cmd,
+                gate: Default::default(),
             })
         }
     };
+    // E2B when E2B_API_KEY is set; half the settings are an error here, not at first use.
+    let e2b = E2bSettings::from_env(|name| std::env::var(name).ok()).map_err(Failure::config)?;
     let config = ServeConfig {
         listen: args.listen,
         upstream,
@@ -173,10 +226,22 @@ pub async fn run(args: ServeArgs) -> Outcome {
         parallel_syncs: args.parallel_syncs,
         database,
         sync_lease: args.sync_lease,
+        token_state_max_age: args.token_state_max_age,
         web: WebConfig {
             public_url: args.public_url,
             sandboxes,
+            token_state: std::env::var_os(cloud_core::TOKEN_STATE_ENV)
+                .filter(|dir| !dir.is_empty())
+                .map(PathBuf::from),
+            event_streams: cloud_core::EventStreamLimits {
+                total: (args.max_connections / 4).max(1),
+                per_user: 4,
+                idle: args.event_stream_idle,
+            },
+            e2b,
+            health_url: Some(args.health_url),
         },
+        api_keys,
     };
     let mut terminate = signal(SignalKind::terminate())
         .context("installing the SIGTERM handler")
@@ -193,7 +258,7 @@ pub async fn run(args: ServeArgs) -> Outcome {
     serve(config, announce, shutdown)
         .await
         .map_err(|e| match e {
-            ServeError::SecretInSyncEnv(_) | ServeError::SandboxesDir { .. } => Failure::config(e),
+            ServeError::SecretInSyncEnv(_) | ServeError::Workspace(_) => Failure::config(e),
             e => Failure::runtime(e),
         })?;
     Ok(Success {

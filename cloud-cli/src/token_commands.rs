@@ -7,7 +7,7 @@ use cloud_core::TOKEN_STATE_ENV;
 use cloud_core::TokenSigner;
 use cloud_core::UserId;
 use cloud_core::store::Store;
-use cloud_core::store::generations::StoreGenerations;
+use cloud_core::store::generations::{DEFAULT_MAX_AGE, StoreGenerations};
 use cloud_core::store::postgres::{PostgresStore, pool};
 use serde_json::json;
 
@@ -17,7 +17,7 @@ use crate::outcome::{Failure, Outcome, Success};
 const DATABASE_URL_ENV: &str = "DATABASE_URL";
 
 /// The signer from the environment, and the database store when `DATABASE_URL` is set.
-async fn signer() -> Result<(TokenSigner, Option<Arc<dyn Store>>), Failure> {
+pub async fn signer() -> Result<(TokenSigner, Option<Arc<dyn Store>>), Failure> {
     let signer = TokenSigner::from_env().map_err(Failure::config)?;
     let Some(url) = std::env::var(DATABASE_URL_ENV)
         .ok()
@@ -33,7 +33,7 @@ async fn signer() -> Result<(TokenSigner, Option<Arc<dyn Store>>), Failure> {
     let store: Arc<dyn Store> = PostgresStore::connect(pool(&url).map_err(Failure::config)?)
         .await
         .map_err(Failure::runtime)?;
-    let generations = StoreGenerations::start(store.clone())
+    let generations = StoreGenerations::start(store.clone(), DEFAULT_MAX_AGE)
         .await
         .map_err(Failure::runtime)?;
     Ok((signer.with_generations(Arc::new(generations)), Some(store)))

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
-use testkit::git::{git, init_repo, tree_of, tree_of_add_all};
+use testkit::git::{git, tree_of, tree_of_add_all};
+use testkit::wait::PATIENCE;
 
+use common::page::saved_project_with_secrets;
 use common::workspace::Workspace;
-
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// `chromedriver` on a free port in its own process group, which its chromium joins: the
 /// whole group is ended on drop, so no browser outlives the test.
@@ -115,6 +115,20 @@ async fn wait_label(client: &Client, label: &str) {
     .await
 }
 
+/// Opens a sign-in link and presses its button, as a user does.
+async fn open_link(client: &Client, link: &str) {
+    client.goto(link).await.unwrap();
+    press_sign_in(client).await;
+}
+
+async fn press_sign_in(client: &Client) {
+    let button = eventually(client, "the sign-in button", || async {
+        client.find(Locator::Css("#sign-in button")).await.ok()
+    })
+    .await;
+    button.click().await.unwrap();
+}
+
 fn shots_dir(ws: &Workspace) -> PathBuf {
     let dir = std::env::var_os("SCREENSHOTS_DIR")
         .map(PathBuf::from)
@@ -181,13 +195,13 @@ async fn sign_in_expired_and_reused_links_and_another_users_page() {
     let mut ws = Workspace::start(&[], |_| {});
     let (_driver, client) = browser().await;
 
-    client.goto(&ws.link("alice", "0s")).await.unwrap();
+    client.goto(&ws.expired_link("alice")).await.unwrap();
     let message = text_of(&client, "#message").await.unwrap();
     assert!(message.contains("expired"), "{message}");
     screenshot(&client, &ws, "link-expired").await;
 
     let link = ws.link("alice", "15m");
-    client.goto(&link).await.unwrap();
+    open_link(&client, &link).await;
     wait_label(&client, "Ready").await;
     let url = client.current_url().await.unwrap();
     assert_eq!(url.path(), "/u/alice");
@@ -220,10 +234,11 @@ async fn sign_in_expired_and_reused_links_and_another_users_page() {
         .click()
         .await
         .unwrap();
+    press_sign_in(&client).await;
     wait_label(&client, "Ready").await;
 
     // bob signs in in the same browser and tries alice's page.
-    client.goto(&ws.link("bob", "15m")).await.unwrap();
+    open_link(&client, &ws.link("bob", "15m")).await;
     wait_label(&client, "Ready").await;
     client.goto(&ws.serve.url("/u/alice")).await.unwrap();
     assert_eq!(text_of(&client, "h1").await.unwrap(), "Not your project");
@@ -233,10 +248,10 @@ async fn sign_in_expired_and_reused_links_and_another_users_page() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dot_follows_a_laptop_push_live_breaks_with_the_tail_and_a_save_restores() {
+async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a_save_restores() {
     let mut ws = Workspace::start(&[], |_| {});
     let (_driver, client) = browser().await;
-    client.goto(&ws.link("alice", "15m")).await.unwrap();
+    open_link(&client, &ws.link("alice", "15m")).await;
     wait_label(&client, "Ready").await;
     screenshot(&client, &ws, "ready").await;
 
@@ -285,11 +300,19 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_tail_and_a_save_rest
     wait_label(&client, "Broken").await;
     let step = text_of(&client, "#failure-step").await.unwrap();
     assert!(step.contains("install"), "{step}");
+    // npm's cause comes first, then more usage text than the tail keeps: both are shown.
+    let cause = text_of(&client, "#failure-first").await.unwrap();
+    assert!(
+        cause.contains("No matching version found for left-pad@9.9.9"),
+        "{cause}"
+    );
     let tail = text_of(&client, "#failure-tail").await.unwrap();
     assert!(
-        tail.contains("No matching version found for left-pad@9.9.9"),
+        tail.ends_with("npm usage: --omit <dep type> (60)") && !tail.contains("left-pad"),
         "{tail}"
     );
+    let next = text_of(&client, "#failure-next").await.unwrap();
+    assert!(next.contains("restore an earlier save"), "{next}");
     let (no_reload, states) = recorded(&client).await;
     assert!(
         no_reload && states.contains(&"broken".to_owned()),
@@ -342,14 +365,15 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_tail_and_a_save_rest
         .expect("a confirmation before restoring");
     let saved_tree = tree_of(&ws.upstream_repo("alice"), &first).unwrap();
     let project = ws.project("alice");
+    // Polled on HEAD: `git add -A` on files the restore is writing fails ("short read").
     eventually(
         &client,
-        "the sandbox's tree as at the first save",
-        || async { (tree_of_add_all(&project) == saved_tree).then_some(()) },
+        "the sandbox's HEAD as at the first save",
+        || async { (tree_of(&project, "HEAD").as_deref() == Some(&*saved_tree)).then_some(()) },
     )
     .await;
     wait_label(&client, "Ready").await;
-    assert_eq!(tree_of(&project, "HEAD").unwrap(), saved_tree);
+    assert_eq!(tree_of_add_all(&project), saved_tree);
     // The running watcher pushes the restore.
     eventually(&client, "the restore pushed", || async {
         (tree_of(&upstream, "main").as_deref() == Some(saved_tree.as_str())).then_some(())
@@ -357,26 +381,6 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_tail_and_a_save_rest
     .await;
     client.close().await.unwrap();
     ws.stop();
-}
-
-/// alice's saved project names two secrets; she has no sandbox yet.
-fn saved_project_with_secrets(upstream: &Path) {
-    let work = upstream.parent().unwrap().join("seed");
-    init_repo(&work);
-    std::fs::write(
-        work.join("shmastra.json"),
-        "{\n  \"version\": 1,\n  \"env\": [\n    \"API_KEY\",\n    \"DATABASE_URL\"\n  ]\n}\n",
-    )
-    .unwrap();
-    std::fs::write(work.join("app.js"), "console.log('hi');\n").unwrap();
-    git(&work, ["add", "-A"]);
-    git(&work, ["commit", "-qm", "saved project"]);
-    let bare = upstream.join("alice.git");
-    git(
-        upstream,
-        ["init", "-q", "--bare", "-b", "main", bare.to_str().unwrap()],
-    );
-    git(&work, ["push", "-q", bare.to_str().unwrap(), "HEAD:main"]);
 }
 
 /// Every file under `dir` whose bytes contain `needle`, except `skip`.
@@ -408,7 +412,7 @@ async fn the_restore_form_checks_the_secrets_and_writes_them_only_to_env() {
     const DATABASE_URL: &str = "postgres://u:p@db/x?ssl=true";
     let mut ws = Workspace::start(&[], saved_project_with_secrets);
     let (_driver, client) = browser().await;
-    client.goto(&ws.link("alice", "15m")).await.unwrap();
+    open_link(&client, &ws.link("alice", "15m")).await;
     wait_label(&client, "Needs your secrets").await;
     screenshot(&client, &ws, "restore-form").await;
 
@@ -508,4 +512,97 @@ async fn the_restore_form_checks_the_secrets_and_writes_them_only_to_env() {
             "a secret reached the saved history"
         );
     }
+}
+
+/// Pages of another origin (a port of its own on 127.0.0.1): `GET /<name>` answers `pages`'s
+/// HTML of that name. Served from a thread until the test process ends.
+fn attacker_site(pages: Vec<(&'static str, String)>) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let _ = reader.read_line(&mut request);
+            let path = request
+                .split(' ')
+                .nth(1)
+                .unwrap_or("/")
+                .trim_start_matches('/')
+                .to_owned();
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let body = pages
+                .iter()
+                .find(|(name, _)| *name == path)
+                .map(|(_, html)| html.clone())
+                .unwrap_or_default();
+            let _ = (&stream).write_all(
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+        }
+    });
+    base
+}
+
+/// Login CSRF: a page on another site signed the browser in as someone else without a click
+/// (a navigation to mallory's link set mallory's session), so alice would work, and save, in
+/// mallory's workspace. Now a navigation only shows "Sign in as mallory", and a form the other
+/// site submits to `/login` is refused by its `Origin`; both of mallory's links stay unspent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_site_cannot_sign_the_browser_in_as_someone_else() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (_driver, client) = browser().await;
+    let posted = ws.link("mallory", "15m");
+    let navigated = ws.link("mallory", "15m");
+    let posted_value = posted.split_once("?t=").unwrap().1.to_owned();
+    let site = attacker_site(vec![
+        (
+            "post",
+            format!(
+                "<form id=f method=post action='{}'><input name=t value='{posted_value}'></form><script>document.getElementById('f').submit()</script>",
+                ws.serve.url("/login")
+            ),
+        ),
+        ("go", format!("<script>location = '{navigated}'</script>")),
+    ]);
+
+    client.goto(&format!("{site}/post")).await.unwrap();
+    eventually(&client, "the refused sign-in", || async {
+        text_of(&client, "#message")
+            .await
+            .filter(|m| m.contains("did not come from this server"))
+    })
+    .await;
+    client.goto(&format!("{site}/go")).await.unwrap();
+    eventually(&client, "the sign-in page", || async {
+        text_of(&client, "#sign-in button")
+            .await
+            .filter(|t| t == "Sign in as mallory")
+    })
+    .await;
+
+    client.goto(&ws.serve.url("/u/mallory")).await.unwrap();
+    assert_eq!(
+        text_of(&client, "h1").await.unwrap(),
+        "Sign in",
+        "the browser was signed in as mallory"
+    );
+    for link in [&posted, &navigated] {
+        client.goto(link).await.unwrap();
+        assert_eq!(
+            text_of(&client, "#sign-in button").await.as_deref(),
+            Some("Sign in as mallory"),
+            "a link the other site used was spent"
+        );
+    }
+    client.close().await.unwrap();
+    ws.stop();
 }

@@ -226,3 +226,145 @@ async fn usage_errors_exit_2() {
     let out = run(&["nonsense"], &[]).await;
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn fsck_names_the_upstream_repositories_missing_objects() {
+    use testkit::git::{git, init_bare, init_repo};
+    let tmp = tempfile::tempdir().unwrap();
+    let upstream = tmp.path().join("repos");
+    let work = tmp.path().join("work");
+    init_repo(&work);
+    std::fs::write(work.join("a.txt"), "a\n").unwrap();
+    git(&work, ["add", "-A"]);
+    git(&work, ["commit", "-qm", "first"]);
+    for user in ["alice", "bob", "carol"] {
+        let bare = upstream.join(format!("{user}.git"));
+        init_bare(&bare);
+        git(&bare, ["config", "receive.unpackLimit", "1000"]);
+        if user != "carol" {
+            git(&work, ["push", "-q", bare.to_str().unwrap(), "main"]);
+        }
+    }
+    std::fs::create_dir_all(upstream.join(".shmastra-hooks")).unwrap();
+    let blob = git(&work, ["rev-parse", "HEAD:a.txt"]);
+    let blob = blob.trim();
+    let lost = upstream
+        .join("bob.git/objects")
+        .join(&blob[..2])
+        .join(&blob[2..]);
+    std::fs::remove_file(&lost).unwrap();
+    let path = std::env::var("PATH").unwrap();
+    let env = [("PATH", path.as_str())];
+    let dir = upstream.to_str().unwrap();
+
+    let out = run(&["fsck", "--upstream-dir", dir], &env).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = diagnosis(&out);
+    assert!(
+        said.contains("1 of 3 repositories are not whole: bob: "),
+        "{said}"
+    );
+    assert!(said.contains(blob), "names the missing object: {said}");
+    assert!(!said.contains("alice") && !said.contains("carol"), "{said}");
+
+    // Written back (as the sandbox's watcher does for a path remote), all are whole.
+    let bob = upstream.join("bob.git");
+    let object = tokio::process::Command::new("git")
+        .args(["hash-object", "-w", "--stdin"])
+        .current_dir(&bob)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut object = object;
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stdin = object.stdin.take().unwrap();
+        stdin.write_all(b"a\n").await.unwrap();
+    }
+    assert!(object.wait().await.unwrap().success());
+    let out = run(&["--json", "fsck", "--upstream-dir", dir], &env).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = json(&out);
+    assert_eq!(result["repositories"], 3);
+    assert_eq!(
+        result["users"],
+        serde_json::json!(["alice", "bob", "carol"])
+    );
+
+    let missing = run(&["fsck", "--upstream-dir", "/nonexistent-upstream"], &env).await;
+    assert_eq!(missing.status.code(), Some(2));
+}
+
+/// The top-level help of a binary: what its exit codes mean and every env var it reads,
+/// each also in the README.
+#[tokio::test]
+async fn help_names_the_exit_codes_every_variable_and_what_serve_serves() {
+    let help = stdout(&run(&["--help"], &[]).await);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("the README");
+    assert!(help.contains("Exit codes: 0"), "{help}");
+    for var in [
+        "GITLAB_API_URL",
+        "GITLAB_GROUP_ID",
+        "GITLAB_SERVICE_TOKEN",
+        "GITLAB_PROJECT_PATH",
+        "GITLAB_WEBHOOK_SECRET",
+        "SHMASTRA_TOKEN_SECRET",
+        "SHMASTRA_TOKEN_STATE",
+        "SHMASTRA_API_KEY",
+        "SHMASTRA_PUBLIC_URL",
+        "DATABASE_URL",
+        "E2B_API_KEY",
+        "E2B_TEMPLATE",
+        "E2B_API_URL",
+        "E2B_DOMAIN",
+        "E2B_SANDBOX_URL",
+        "RUST_LOG",
+    ] {
+        assert!(help.contains(var), "--help lacks {var}");
+        assert!(readme.contains(var), "the README lacks {var}");
+    }
+    let serve = stdout(&run(&["serve", "--help"], &[]).await);
+    assert!(serve.contains("workspace page"), "{serve}");
+    for sub in [
+        &["gitlab", "ensure-project"][..],
+        &["token", "mint"],
+        &["token", "revoke"],
+        &["token", "rotate"],
+        &["login-link"],
+        &["sandboxes", "provision"],
+    ] {
+        let args: Vec<&str> = sub.iter().copied().chain(["--help"]).collect();
+        let text = stdout(&run(&args, &[]).await);
+        let user = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("--user"))
+            .unwrap_or_else(|| panic!("{sub:?}: no --user in {text}"));
+        assert!(user.contains("id"), "{sub:?}: --user undescribed: {user:?}");
+    }
+}
+
+#[tokio::test]
+async fn login_link_refuses_a_zero_ttl_and_says_a_day_as_1d() {
+    let state = tempfile::tempdir().unwrap();
+    let state = state.path().to_str().unwrap();
+    let env = [
+        ("SHMASTRA_TOKEN_SECRET", SECRET),
+        ("SHMASTRA_TOKEN_STATE", state),
+    ];
+    let zero = run(&["login-link", "--user", "alice", "--ttl", "0s"], &env).await;
+    assert_eq!(zero.status.code(), Some(2), "{}", stderr(&zero));
+    assert!(
+        stderr(&zero).contains("more than zero"),
+        "{}",
+        stderr(&zero)
+    );
+    let long = run(&["login-link", "--user", "alice", "--ttl", "25h"], &env).await;
+    assert_eq!(long.status.code(), Some(2), "{}", stderr(&long));
+    let said = diagnosis(&long);
+    assert!(said.contains("at most 1d (asked for 1d 1h)"), "{said}");
+    let fine = run(&["login-link", "--user", "alice", "--ttl", "1d"], &env).await;
+    assert_eq!(fine.status.code(), Some(0), "{}", stderr(&fine));
+}

@@ -18,12 +18,13 @@ use cloud_core::Manifest;
 use cloud_core::TokenSigner;
 use cloud_core::UserId;
 use cloud_core::{GitLab, RetryPolicy};
-use cloud_core::{Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink};
+use cloud_core::{Orchestrator, Persistence, SandboxLayout, SandboxStatus};
 use cloud_core::{RestoreForm, SecretValue, render_env};
 use secrecy::SecretString;
 use testkit::fake_gitlab::{FakeGitLab, Fault, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_repo};
 use testkit::git_server::{Fault as GitFault, GitServer};
+use testkit::statuses::Statuses;
 use testkit::wait;
 
 const WRONG_TOKEN: &str = "glpat-LEAK-wrong-token";
@@ -307,7 +308,7 @@ fn the_service_token_stays_out_of_failure_logs_redirects_and_the_push_command() 
         .mint(&UserId::parse("alice").unwrap());
     let url = format!("http://x:{token}@{}/api/git/alice.git", serve.addr);
     git(&work, ["push", "-q", &url, "main"]);
-    let env = wait::until(Duration::from_secs(60), "the push command's env", || {
+    let env = wait::until(wait::PATIENCE, "the push command's env", || {
         std::fs::read_to_string(&hook_env)
             .ok()
             .filter(|e| e.contains("SHMASTRA_USER=alice"))
@@ -380,15 +381,6 @@ fn the_service_token_stays_out_of_failure_logs_redirects_and_the_push_command() 
     assert_clean("serve's log", &logs);
 }
 
-#[derive(Default)]
-struct Statuses(Mutex<Vec<SandboxStatus>>);
-
-impl StatusSink for Statuses {
-    fn set_status(&self, _sandbox: &str, status: SandboxStatus) {
-        self.0.lock().unwrap().push(status);
-    }
-}
-
 /// The child half of the next test: run by it in a process whose environment holds the
 /// server's secrets, as the cloud's own process does.
 const CHILD: &str = "NO_SECRET_LEAKS_SYNC_HOME";
@@ -428,6 +420,8 @@ async fn sync_commands_in_a_sandbox_never_see_the_servers_secrets() {
                 failure_file: "sync-failure".into(),
                 command_timeout: Duration::from_secs(30),
                 sync_timeout: Duration::from_secs(30),
+                health: None,
+                exclude: Vec::new(),
             },
         );
         let sandbox = LocalSandbox::new("sbx", &home);
@@ -436,7 +430,7 @@ async fn sync_commands_in_a_sandbox_never_see_the_servers_secrets() {
             .sync(&sandbox, &UserId::parse("alice").unwrap(), &statuses)
             .await;
         assert_eq!(
-            *statuses.0.lock().unwrap(),
+            statuses.all(),
             [SandboxStatus::Syncing, SandboxStatus::Ready]
         );
         return;

@@ -15,9 +15,13 @@ use testkit::git::{git, init_repo};
 use testkit::postgres::Postgres;
 use testkit::wait;
 
-use common::{DEADLINE, Serve};
+use common::{PATIENCE, Serve};
 
 const SECRET: &str = "replicas-test-secret-0123456789abcdef";
+
+/// Longer than one try of a replica's job claim with the database down: the store's 3 s pool
+/// wait and the jobs' 0.5 s poll.
+const CLAIM_CYCLE: Duration = Duration::from_secs(4);
 
 /// One run of the sync command, from the shared record.
 #[derive(Debug, Clone)]
@@ -147,7 +151,7 @@ impl Cluster {
     /// Waits until no run is going on and none starts for a while (every owed run ran).
     fn settle(&self) {
         let mut quiet_since = None;
-        wait::until_seen(DEADLINE, "the runs to settle", || {
+        wait::until_seen(PATIENCE, "the runs to settle", || {
             let runs = self.runs();
             let count = runs.len();
             let running = runs.iter().filter(|r| r.end.is_none()).count();
@@ -214,7 +218,7 @@ fn replicas_share_one_queue_through_crashes_and_a_database_restart() {
     for round in 0..3u32 {
         if round == 1 {
             // The next pushes arrive while each user's first run goes on.
-            wait::until(DEADLINE, "every user's first run to start", || {
+            wait::until(PATIENCE, "every user's first run to start", || {
                 users
                     .iter()
                     .all(|u| !cluster.runs_of(u).is_empty())
@@ -269,10 +273,23 @@ fn replicas_share_one_queue_through_crashes_and_a_database_restart() {
         (1..=2).contains(&dave_burst),
         "a burst of 8 pushes gives one or two runs, not {dave_burst}"
     );
+    // The sentinel: a push of erin's from an ordinary client, through the same replica, must
+    // make exactly one run, and that run must be all erin has had.
+    let sentinel_at = now_ns();
+    let erin_head = cluster.push(&erin, "erin", 1, 1);
+    pushed.push(("erin".into(), erin_head.clone()));
+    wait::until_seen(PATIENCE, "the run of erin's ordinary push", || {
+        let runs = cluster.runs_of("erin");
+        runs.iter()
+            .any(|r| r.end.is_some())
+            .then_some(())
+            .ok_or(runs)
+    });
+    cluster.settle();
+    let erin_runs = cluster.runs_of("erin");
     assert!(
-        cluster.runs_of("erin").is_empty(),
-        "no run for the watcher's own push: {:?}",
-        cluster.runs_of("erin")
+        erin_runs.len() == 1 && erin_runs[0].start > sentinel_at && erin_runs[0].saw == erin_head,
+        "no run for the watcher's own push, one for the ordinary push after it: {erin_runs:?}"
     );
 
     // kill -9 of the replica running frank's (long) sync: another replica runs it.
@@ -280,7 +297,7 @@ fn replicas_share_one_queue_through_crashes_and_a_database_restart() {
     let frank = cluster.work_tree("frank", 2);
     let frank_head = cluster.push(&frank, "frank", 2, 1);
     pushed.push(("frank".into(), frank_head.clone()));
-    let victim = wait::until(DEADLINE, "frank's run to start", || {
+    let victim = wait::until(PATIENCE, "frank's run to start", || {
         cluster.runs_of("frank").first().map(|r| r.replica)
     });
     let killed_at = now_ns();
@@ -297,7 +314,7 @@ fn replicas_share_one_queue_through_crashes_and_a_database_restart() {
     let mut dead = cluster.replicas.remove(index);
     dead.child.wait().expect("reap the killed replica");
     std::fs::write(cluster.up.path().join("run-steps"), "15").expect("write");
-    let rerun = wait::until_seen(DEADLINE, "another replica to run frank's job", || {
+    let rerun = wait::until_seen(PATIENCE, "another replica to run frank's job", || {
         let runs = cluster.runs_of("frank");
         runs.iter()
             .find(|r| r.replica != victim && r.end.is_some_and(|(_, abandoned)| !abandoned))
@@ -313,25 +330,37 @@ fn replicas_share_one_queue_through_crashes_and_a_database_restart() {
     let gina = cluster.work_tree("gina", 0);
     let gina_head = cluster.push(&gina, "gina", 0, 1);
     pushed.push(("gina".into(), gina_head.clone()));
-    wait::until_seen(DEADLINE, "/healthz to report the database", || {
-        let health = cluster.healthz(0);
-        if health.starts_with("degraded: database") {
-            Ok(())
-        } else {
-            Err(health)
-        }
-    });
-    assert!(
-        cluster.runs_of("gina").is_empty(),
-        "no run without the database"
+    wait::until_seen(
+        PATIENCE,
+        "/healthz to report the database and gina's request",
+        || {
+            let health = cluster.healthz(0);
+            if health.starts_with("degraded: database")
+                && health.contains("1 sync request(s) buffered")
+            {
+                Ok(())
+            } else {
+                Err(health)
+            }
+        },
     );
+    // The outage lasts a whole claim cycle of every replica (each waits up to the pool's 3 s for
+    // a connection, then polls again after 0.5 s), so a replica that ran a job without the
+    // database has had its chance before the sentinel below.
+    let outage_from = std::time::Instant::now();
+    while outage_from.elapsed() < CLAIM_CYCLE {
+        let health = cluster.healthz(0);
+        assert!(health.starts_with("degraded: database"), "{health}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let database_back_at = now_ns();
     cluster.db.start_server();
-    let gina_run = wait::until_seen(DEADLINE, "gina's run once the database is back", || {
+    let gina_run = wait::until_seen(PATIENCE, "gina's run once the database is back", || {
         let runs = cluster.runs_of("gina");
         runs.iter().find(|r| r.end.is_some()).cloned().ok_or(runs)
     });
     assert_eq!(gina_run.saw, gina_head);
-    wait::until_seen(DEADLINE, "/healthz to be ok again", || {
+    wait::until_seen(PATIENCE, "/healthz to be ok again", || {
         let health = cluster.healthz(0);
         if health == "ok\n" {
             Ok(())
@@ -340,6 +369,12 @@ fn replicas_share_one_queue_through_crashes_and_a_database_restart() {
         }
     });
     cluster.settle();
+    // The database's return is the sentinel: it made gina's one run, and none ran before it.
+    let gina_runs = cluster.runs_of("gina");
+    assert!(
+        gina_runs.len() == 1 && gina_runs[0].start > database_back_at,
+        "no run without the database, one once it is back: {gina_runs:?}"
+    );
 
     // Across everything: runs of one user never overlap, every run ended (or its replica
     // died under it), and every push was followed by a completed run that saw it.

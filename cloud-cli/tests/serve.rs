@@ -4,14 +4,12 @@
 
 mod common;
 
-use std::path::Path;
-
 use base64::Engine as _;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, GROUP_PATH, SERVICE_TOKEN};
 use testkit::git::{git, git_output, init_repo};
 use testkit::git_server::GitServer;
 
-use common::Serve;
+use common::{Serve, work_tree};
 
 const SECRET: &str = "serve-tests-secret-0123456789abcdef";
 const WEBHOOK_SECRET: &str = "webhook-secret-for-tests";
@@ -19,15 +17,6 @@ const WEBHOOK_SECRET: &str = "webhook-secret-for-tests";
 /// serve signed with this file's secret; its sync command records each event.
 fn serve(args: &[&str], env: &[(&str, &str)]) -> Serve {
     Serve::start(SECRET, args, env, "true")
-}
-
-fn work_tree(dir: &Path, url: &str) -> String {
-    init_repo(dir);
-    std::fs::write(dir.join("a.txt"), "a\n").expect("write");
-    git(dir, ["add", "-A"]);
-    git(dir, ["commit", "-qm", "first"]);
-    git(dir, ["remote", "add", "origin", url]);
-    git(dir, ["rev-parse", "HEAD"]).trim().to_owned()
 }
 
 fn post_webhook(serve: &Serve, token: &str, body: String) -> (u16, String) {
@@ -236,4 +225,45 @@ fn a_100_mb_push_streams_through_bounded_proxy_memory() {
         peak < before + 40 * 1024,
         "proxy peak RSS grew from {before} KiB to {peak} KiB for a 100 MiB push"
     );
+}
+
+/// serve's JSON log lines have the watcher's shape (the event's fields beside `message`, no
+/// `fields` object); `-q`/`-v` step the level from info, and `RUST_LOG` decides without them.
+#[test]
+fn serve_logs_in_the_watchers_shape_and_q_v_and_rust_log_set_the_level() {
+    const INFO: &str = "the control API (/api/v1/) is off";
+    let up = tempfile::tempdir().expect("tempdir");
+    let up_dir = up.path().to_str().expect("utf-8 path");
+    let lines = |args: &[&str], env: &[(&str, &str)]| {
+        let args: Vec<&str> = ["--upstream-dir", up_dir]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let serve = serve(&args, env);
+        let logs = serve.logs();
+        let parsed: Vec<serde_json::Value> = logs
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+            .collect();
+        parsed
+    };
+    let shown = |lines: &[serde_json::Value]| {
+        lines
+            .iter()
+            .any(|l| l["message"].as_str().is_some_and(|m| m.contains(INFO)))
+    };
+    let default = lines(&[], &[]);
+    assert!(shown(&default), "{default:?}");
+    for line in &default {
+        for key in ["timestamp", "level", "message", "target"] {
+            assert!(line.get(key).is_some(), "{key} missing: {line}");
+        }
+        assert!(line.get("fields").is_none(), "nested fields: {line}");
+    }
+    assert!(!shown(&lines(&["-q"], &[])), "-q: warnings only");
+    assert!(
+        !shown(&lines(&[], &[("RUST_LOG", "warn")])),
+        "RUST_LOG=warn"
+    );
+    assert!(shown(&lines(&["-v"], &[("RUST_LOG", "warn")])), "-v wins");
 }

@@ -7,83 +7,29 @@ mod common;
 use std::path::Path;
 
 use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, LOCATION, SET_COOKIE};
+use reqwest::header::{LOCATION, SET_COOKIE};
 use testkit::git::git;
 
-use common::DEADLINE;
+use common::PATIENCE;
+use common::page::{get, post, redeem, sign_in, sign_in_from};
 use common::workspace::{Workspace, csrf_of};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client")
-}
-
-fn block<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f)
-}
-
-/// GET with an optional cookie: status, headers, body.
-fn get(url: &str, cookie: Option<&str>) -> (StatusCode, HeaderMap, String) {
-    block(async {
-        let mut request = client().get(url);
-        if let Some(cookie) = cookie {
-            request = request.header("cookie", format!("shmastra_session={cookie}"));
-        }
-        let response = request.send().await.expect("GET");
-        let status = response.status();
-        let headers = response.headers().clone();
-        (status, headers, response.text().await.expect("body"))
-    })
-}
-
-fn post(
-    url: &str,
-    cookie: &str,
-    origin: Option<&str>,
-    form: &[(&str, &str)],
-) -> (StatusCode, String) {
-    block(async {
-        let mut request = client()
-            .post(url)
-            .header("cookie", format!("shmastra_session={cookie}"))
-            .form(form);
-        if let Some(origin) = origin {
-            request = request.header("origin", origin);
-        }
-        let response = request.send().await.expect("POST");
-        (response.status(), response.text().await.expect("body"))
-    })
-}
-
-/// Opens `link`; the session cookie's value and the whole `Set-Cookie` line.
-fn sign_in(link: &str) -> (String, String) {
-    let (status, headers, body) = get(link, None);
-    assert_eq!(status, StatusCode::OK, "sign-in answered {status}: {body}");
-    let line = headers
-        .get(SET_COOKIE)
-        .expect("a session cookie")
-        .to_str()
-        .expect("ascii")
-        .to_owned();
-    let value = line
-        .strip_prefix("shmastra_session=")
-        .and_then(|rest| rest.split(';').next())
-        .expect("the session cookie")
-        .to_owned();
-    (value, line)
-}
 
 #[test]
 fn a_link_signs_in_once_expires_and_cannot_be_forged() {
     let ws = Workspace::start(&[], |_| {});
     let link = ws.link("alice", "15m");
-    let (status, headers, body) = get(&link, None);
+    let origin = ws.serve.url("");
+    for _ in 0..2 {
+        let (status, headers, body) = get(&link, None);
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "opening the link spends nothing: {body}"
+        );
+        assert!(body.contains("Sign in as alice"), "{body}");
+        assert!(headers.get(SET_COOKIE).is_none());
+    }
+    let (status, headers, body) = redeem(&link, Some(&origin));
     assert_eq!(status, StatusCode::OK);
     assert!(
         body.contains(r#"http-equiv="refresh" content="0; url=/u/alice""#),
@@ -96,20 +42,27 @@ fn a_link_signs_in_once_expires_and_cannot_be_forged() {
     }
     assert!(!flags.contains(&"Secure"), "plain http: {cookie}");
 
-    let (status, _, body) = get(&link, None);
+    let (status, _, body) = redeem(&link, Some(&origin));
     assert_eq!(status, StatusCode::GONE, "a reused link: {body}");
     assert!(body.contains("already used"), "{body}");
+    let (status, _, body) = get(&link, None);
+    assert_eq!(status, StatusCode::GONE, "a used link's page: {body}");
 
-    let expired = ws.link("alice", "0s");
+    let expired = ws.expired_link("alice");
     let (status, _, body) = get(&expired, None);
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(body.contains("expired"), "{body}");
+    let (status, _, body) = redeem(&expired, Some(&origin));
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
 
     // bob's name under a link minted for alice.
     let fresh = ws.link("alice", "15m");
     let forged = fresh.replacen(".YWxpY2U.", ".Ym9i.", 1);
     assert_ne!(forged, fresh);
     let (status, _, body) = get(&forged, None);
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(body.contains("not valid"), "{body}");
+    let (status, _, body) = redeem(&forged, Some(&origin));
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(body.contains("not valid"), "{body}");
     // The forgery spent nothing: the real link still signs in.
@@ -120,7 +73,7 @@ fn a_link_signs_in_once_expires_and_cannot_be_forged() {
     assert!(body.contains("login-link"), "{body}");
     let (status, _, _) = get(
         &ws.serve.url("/u/alice"),
-        Some("s1.YWxpY2U.9999999999.AAAA.AAAA"),
+        Some("s2.YWxpY2U.0.9999999999.AAAA.AAAA"),
     );
     assert_eq!(status, StatusCode::UNAUTHORIZED, "a forged session");
 }
@@ -130,7 +83,7 @@ fn behind_https_the_cookie_is_secure_and_the_page_has_its_security_headers() {
     let ws = Workspace::start(&["--public-url", "https://cloud.example"], |_| {});
     let link = ws.link("alice", "15m");
     let local = link.replacen("https://cloud.example", &ws.serve.url(""), 1);
-    let (cookie, line) = sign_in(&local);
+    let (cookie, line) = sign_in_from(&local, "https://cloud.example");
     assert!(line.split("; ").any(|f| f == "Secure"), "{line}");
     let (status, headers, body) = get(&ws.serve.url("/u/alice"), Some(&cookie));
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -159,7 +112,7 @@ fn alice_with_a_save(ws: &Workspace, laptop: &Path) -> (String, String) {
     git(laptop, ["commit", "-qm", "first"]);
     git(laptop, ["push", "-q", "origin", "HEAD:main"]);
     let (cookie, _) = sign_in(&ws.link("alice", "15m"));
-    let page = testkit::wait::until(DEADLINE, "the save in the history", || {
+    let page = testkit::wait::until(PATIENCE, "the save in the history", || {
         let (_, _, page) = get(&ws.serve.url("/u/alice"), Some(&cookie));
         page.contains("restore-version").then_some(page)
     });
@@ -254,15 +207,27 @@ fn a_post_needs_the_sessions_csrf_token_and_this_origin() {
 
 #[test]
 fn login_link_refuses_a_ttl_over_a_day_and_a_bad_user() {
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"))
-            .arg("login-link")
+    let state = tempfile::tempdir().unwrap();
+    let run_in = |state: Option<&Path>, args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_shmastra-cloud"));
+        cmd.arg("login-link")
             .args(args)
             .env_clear()
-            .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET)
-            .output()
-            .expect("login-link")
+            .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET);
+        if let Some(state) = state {
+            cmd.env("SHMASTRA_TOKEN_STATE", state);
+        }
+        cmd.output().expect("login-link")
     };
+    let run = |args: &[&str]| run_in(Some(state.path()), args);
+    // Nothing durable would remember the link's use: no link is made.
+    let out = run_in(None, &["--user", "alice"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("SHMASTRA_TOKEN_STATE"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(&["--user", "alice", "--ttl", "25h"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most"));
@@ -271,7 +236,7 @@ fn login_link_refuses_a_ttl_over_a_day_and_a_bad_user() {
     let out = run(&["--user", "alice"]);
     assert!(out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stdout).starts_with("http://127.0.0.1:8080/login?t=l1."),
+        String::from_utf8_lossy(&out.stdout).starts_with("http://127.0.0.1:8080/login?t=l2."),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
@@ -291,6 +256,7 @@ fn with_gitlab_and_no_sandboxes_the_page_shows_the_history_and_the_gitlab_projec
     gitlab.set_repo_base(&server.base_url());
     gitlab.add_project("alice");
     gitlab.set_repository("alice", &bare);
+    let state = repos.path().join("token-state");
     let serve = common::Serve::start(
         common::workspace::SECRET,
         &[],
@@ -298,6 +264,7 @@ fn with_gitlab_and_no_sandboxes_the_page_shows_the_history_and_the_gitlab_projec
             ("GITLAB_SERVICE_TOKEN", SERVICE_TOKEN),
             ("GITLAB_GROUP_ID", &GROUP_ID.to_string()),
             ("GITLAB_API_URL", &gitlab.api_url()),
+            ("SHMASTRA_TOKEN_STATE", state.to_str().unwrap()),
         ],
         "true",
     );
@@ -323,6 +290,7 @@ fn with_gitlab_and_no_sandboxes_the_page_shows_the_history_and_the_gitlab_projec
             ])
             .env_clear()
             .env("SHMASTRA_TOKEN_SECRET", common::workspace::SECRET)
+            .env("SHMASTRA_TOKEN_STATE", &state)
             .output()
             .unwrap();
         String::from_utf8(out.stdout).unwrap().trim().to_owned()
@@ -365,7 +333,7 @@ fn a_sandboxs_watcher_is_supervised_and_serve_stops_it() {
                 .unwrap_or_default()
                 .contains(") Z")
     };
-    let first = testkit::wait::until(DEADLINE, "the watcher running", || {
+    let first = testkit::wait::until(PATIENCE, "the watcher running", || {
         let pid = std::fs::read_to_string(&pid_file).ok()?;
         alive(pid.trim()).then(|| pid.trim().to_owned())
     });
@@ -377,7 +345,7 @@ fn a_sandboxs_watcher_is_supervised_and_serve_stops_it() {
             .unwrap()
             .success()
     );
-    let second = testkit::wait::until(DEADLINE, "a new watcher", || {
+    let second = testkit::wait::until(PATIENCE, "a new watcher", || {
         let pid = std::fs::read_to_string(&pid_file).ok()?;
         let pid = pid.trim().to_owned();
         (pid != first && alive(&pid)).then_some(pid)

@@ -11,16 +11,20 @@ use super::Serve;
 
 pub const SECRET: &str = "workspace-page-secret-0123456789abcdef";
 
-/// The install command of the sandboxes' syncs: fails, with an npm-like tail, while the
-/// project holds `break-install`.
+/// The install command of the sandboxes' syncs: fails while the project holds `break-install`,
+/// as npm does, with its cause first and more lines of usage text after it than the tail keeps.
 pub const INSTALL_CMD: &str = "if [ -f break-install ]; then echo 'npm ERR! code ETARGET' >&2; \
-     echo 'npm ERR! notarget No matching version found for left-pad@9.9.9' >&2; exit 1; fi";
+     echo 'npm ERR! notarget No matching version found for left-pad@9.9.9' >&2; \
+     for i in $(seq 1 60); do echo \"npm usage: --omit <dep type> ($i)\" >&2; done; exit 1; fi";
 
 /// A running serve with sandboxes; stopping it (also on drop) stops every watcher.
 pub struct Workspace {
     pub serve: Serve,
     pub upstream: PathBuf,
     pub sandboxes: PathBuf,
+    /// Where `login-link` reads the token generations: serve's database, else its token state
+    /// directory (where serve also remembers used links).
+    state_env: Vec<(String, String)>,
     stopped: bool,
     _tmp: tempfile::TempDir,
 }
@@ -38,8 +42,22 @@ impl Workspace {
         env: &[(&str, &str)],
         prepare: impl FnOnce(&Path),
     ) -> Workspace {
+        Workspace::start_as(None, extra, env, prepare)
+    }
+
+    /// [`Workspace::start_with_env`] with serve run as `uid` when given (not root), its
+    /// directories given to it.
+    pub fn start_as(
+        uid: Option<u32>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        prepare: impl FnOnce(&Path),
+    ) -> Workspace {
         let tmp = tempfile::tempdir().expect("tempdir");
         let base = tmp.path().to_owned();
+        // As root, each sandbox runs as a user of its own, which must reach its directory.
+        std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+            .expect("chmod the workspace dir");
         let upstream = base.join("upstream");
         let sandboxes = base.join("sandboxes");
         std::fs::create_dir_all(&upstream).expect("upstream dir");
@@ -52,16 +70,34 @@ impl Workspace {
             sandboxes.display().to_string(),
             "--watcher-bin".to_owned(),
             watcher.display().to_string(),
-            "--install-cmd".to_owned(),
-            INSTALL_CMD.to_owned(),
         ];
+        if !extra.contains(&"--install-cmd") {
+            args.extend(["--install-cmd".to_owned(), INSTALL_CMD.to_owned()]);
+        }
         args.extend(extra.iter().map(|a| a.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let serve = Serve::start(SECRET, &args, env, "true");
+        let state = base.join("token-state");
+        let state_env: Vec<(String, String)> = match env.iter().find(|(k, _)| *k == "DATABASE_URL")
+        {
+            Some((k, v)) => vec![(k.to_string(), v.to_string())],
+            None => vec![(
+                "SHMASTRA_TOKEN_STATE".to_owned(),
+                state.display().to_string(),
+            )],
+        };
+        let mut serve_env: Vec<(&str, &str)> = env.to_vec();
+        serve_env.extend(state_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        serve_env.dedup();
+        if let Some(uid) = uid {
+            super::give(&base, uid);
+        }
+        let serve = Serve::try_start_as(uid, SECRET, &args, &serve_env, Some("true"))
+            .unwrap_or_else(|why| panic!("serve did not start: {why}"));
         Workspace {
             serve,
             upstream,
             sandboxes,
+            state_env,
             stopped: false,
             _tmp: tmp,
         }
@@ -74,6 +110,7 @@ impl Workspace {
             .arg(self.serve.url(""))
             .env_clear()
             .env("SHMASTRA_TOKEN_SECRET", SECRET)
+            .envs(self.state_env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("login-link");
         assert!(
@@ -85,6 +122,22 @@ impl Workspace {
             .expect("utf-8")
             .trim()
             .to_owned()
+    }
+
+    /// A sign-in link for `user` that has expired: minted to live 1 s (`login-link` refuses
+    /// `0s`), and returned once the page says it expired.
+    pub fn expired_link(&self, user: &str) -> String {
+        let link = self.link(user, "1s");
+        testkit::wait::until(super::PATIENCE, "the 1 s link to expire", || {
+            // On a thread of its own: the caller may be inside a tokio runtime.
+            let (status, _, body) = std::thread::scope(|s| {
+                s.spawn(|| super::page::get(&link, None))
+                    .join()
+                    .expect("GET the link")
+            });
+            (status == reqwest::StatusCode::UNAUTHORIZED && body.contains("expired")).then_some(())
+        });
+        link
     }
 
     pub fn project(&self, user: &str) -> PathBuf {
