@@ -1,15 +1,20 @@
-// PM2 ecosystem for the sandbox template: the dev server, and project-watcher beside it.
+// PM2 ecosystem for the sandbox template, installed as /home/user/ecosystem.config.js: the
+// apps of the original Shmastra template, `shmastra` (the dev server, `pnpm dev`) and `healer`,
+// and project-watcher as the third. Every app runs in the project (/home/user/shmastra) and
+// logs to its `.logs/` folder (`<app>-out.log`, `<app>-error.log`), as the original's did.
 //
 // The watcher's environment (PROJECT_DIR, PROJECT_TOKEN, PROJECT_REMOTE, PROJECT_BRANCH) comes
 // from the file cloud-core's `provision` writes, ~/.project-watcher/.env (override the path with
 // PROJECT_WATCHER_ENV_FILE). Without that file the feature is off and the watcher is not started.
 //
-//   pm2 start ecosystem.config.js                        both processes
-//   pm2 start ecosystem.config.js --only project-watcher after provisioning
+//   pm2 start ecosystem.config.js                          every app
+//   pm2 start ecosystem.config.js --only shmastra,healer   the dev server (cloud-core's start)
+//   pm2 start ecosystem.config.js --only project-watcher   after provisioning
 //
 // Knobs for other setups and tests (all optional): PROJECT_WATCHER_BIN (the executable, default
-// `project-watcher` found on PATH, else /usr/local/bin/project-watcher), DEV_SERVER_CMD (default `npm run dev`), WATCHER_DEBOUNCE and
-// WATCHER_MAX_DELAY (passed through).
+// `project-watcher` found on PATH, else /usr/local/bin/project-watcher), SHMASTRA_CMD (default
+// `pnpm dev`), HEALER_CMD (default `pnpm run healer`), WATCHER_DEBOUNCE and WATCHER_MAX_DELAY
+// (passed through).
 
 'use strict';
 
@@ -64,16 +69,34 @@ function defined(env) {
   return Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== ''));
 }
 
-const apps = [
-  {
-    name: 'dev-server',
+const logs = path.join(projectDir, '.logs');
+
+// Each app's output in the project's `.logs/`, with timestamps.
+function logFiles(name) {
+  return {
+    out_file: path.join(logs, `${name}-out.log`),
+    error_file: path.join(logs, `${name}-error.log`),
+    merge_logs: true,
+    time: true,
+  };
+}
+
+function shellApp(name, command) {
+  return {
+    name,
     cwd: projectDir,
     script: 'sh',
-    args: ['-c', process.env.DEV_SERVER_CMD || 'npm run dev'],
+    args: ['-c', command],
     interpreter: 'none',
     autorestart: true,
     exp_backoff_restart_delay: 500,
-  },
+    ...logFiles(name),
+  };
+}
+
+const apps = [
+  shellApp('shmastra', process.env.SHMASTRA_CMD || 'pnpm dev'),
+  shellApp('healer', process.env.HEALER_CMD || 'pnpm run healer'),
 ];
 
 if (watcherEnv) {
@@ -106,9 +129,7 @@ if (watcherEnv) {
     // Crash loops back off exponentially (100 ms doubling, capped by PM2 at 15 s) instead of
     // spinning; the delay resets once the watcher stays up.
     exp_backoff_restart_delay: 100,
-    // Logs stay in $PM2_HOME/logs, one pair of files per app, with timestamps.
-    merge_logs: true,
-    time: true,
+    ...logFiles('project-watcher'),
   });
 }
 

@@ -4,7 +4,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use cloud_core::EmbeddedUpstream;
@@ -13,22 +12,10 @@ use cloud_core::ProxyLimits;
 use cloud_core::TokenSigner;
 use cloud_core::UserId;
 use cloud_core::{ConnectionLimits, ServeConfig, UpstreamChoice, serve};
-use cloud_core::{
-    Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink, SyncOutcome,
-};
+use cloud_core::{Orchestrator, Persistence, SandboxLayout, SandboxStatus, SyncOutcome};
 use testkit::git::{git, git_output, hermetic_env, init_repo, tree_of, tree_of_add_all};
-use testkit::wait::until_async;
-
-const PATIENCE: Duration = Duration::from_secs(60);
-
-#[derive(Default)]
-struct Statuses(Mutex<Vec<SandboxStatus>>);
-
-impl StatusSink for Statuses {
-    fn set_status(&self, _sandbox: &str, status: SandboxStatus) {
-        self.0.lock().unwrap().push(status);
-    }
-}
+use testkit::statuses::Statuses;
+use testkit::wait::{PATIENCE, until_async};
 
 /// The watcher as a plain background process (PM2's part is covered by `pm2.rs`): started
 /// from the environment file provision wrote, stopped with SIGINT and waited for.
@@ -51,8 +38,10 @@ fn layout(watcher: &Path) -> SandboxLayout {
         stop_dev_server: "echo stop-dev >> \"$HOME/log\"".into(),
         install_cmd: Some("true".into()),
         failure_file: "sync-failure".into(),
-        command_timeout: Duration::from_secs(60),
+        command_timeout: PATIENCE,
         sync_timeout: Duration::from_secs(120),
+        health: None,
+        exclude: Vec::new(),
     }
 }
 
@@ -100,7 +89,9 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
             parallel_syncs: 4,
             database: None,
             sync_lease: std::time::Duration::from_secs(30),
+            token_state_max_age: std::time::Duration::from_secs(30),
             web: Default::default(),
+            api_keys: None,
         },
         move |addr| {
             let _ = addr_tx.send(addr);
@@ -181,7 +172,7 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
         }
     );
     assert_eq!(
-        *statuses.0.lock().unwrap(),
+        statuses.all(),
         [SandboxStatus::Syncing, SandboxStatus::Ready]
     );
     assert_eq!(

@@ -14,12 +14,12 @@ use cloud_core::SecretValue;
 use cloud_core::TokenSigner;
 use cloud_core::UserId;
 use cloud_core::{
-    OrchestrateError, Orchestrator, Persistence, SandboxLayout, SandboxStatus, StatusSink,
-    SyncOutcome,
+    OrchestrateError, Orchestrator, Persistence, SandboxLayout, SandboxStatus, SyncOutcome,
 };
-use std::sync::Mutex;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_bare, init_repo, tree_of, tree_of_add_all};
+use testkit::statuses::Statuses;
+use testkit::wait::PATIENCE;
 
 struct World {
     tmp: tempfile::TempDir,
@@ -123,8 +123,10 @@ fn layout() -> SandboxLayout {
         stop_dev_server: log("stop-dev"),
         install_cmd: None,
         failure_file: "sync-failure".into(),
-        command_timeout: Duration::from_secs(60),
+        command_timeout: PATIENCE,
         sync_timeout: Duration::from_secs(120),
+        health: None,
+        exclude: Vec::new(),
     }
 }
 
@@ -246,15 +248,6 @@ async fn with_the_feature_off_restore_only_starts_the_dev_server() {
     assert!(world.gitlab.requests().is_empty());
 }
 
-#[derive(Default)]
-struct Statuses(Mutex<Vec<SandboxStatus>>);
-
-impl StatusSink for Statuses {
-    fn set_status(&self, _sandbox: &str, status: SandboxStatus) {
-        self.0.lock().unwrap().push(status);
-    }
-}
-
 /// A sandbox restored from alice's saved project, running (as far as the log knows).
 async fn restored(world: &World) -> (Orchestrator<GitLab>, LocalSandbox, PathBuf) {
     let remote = world.save_project("alice");
@@ -308,7 +301,7 @@ async fn sync_with_unsaved_edits_backs_them_up_and_ends_ready() {
         "the laptop's commit"
     );
     assert_eq!(
-        *statuses.0.lock().unwrap(),
+        statuses.all(),
         [SandboxStatus::Syncing, SandboxStatus::Ready]
     );
     assert_eq!(
@@ -352,7 +345,7 @@ async fn sync_with_a_failing_install_ends_broken_with_the_install_output() {
 
     let outcome = orchestrator.sync(&sandbox, &alice(), &statuses).await;
 
-    let last = statuses.0.lock().unwrap().last().cloned().unwrap();
+    let last = statuses.last().unwrap();
     let SandboxStatus::Broken { failure } = last else {
         panic!("expected broken, got {last:?}");
     };

@@ -6,60 +6,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use testkit::git::{git, git_output, hermetic_env, init_bare, init_repo};
+use testkit::pm2::pm2_bin;
 use testkit::wait::until;
 
-const PM2_VERSION: &str = "7.0.4";
 /// Generous: npm, node and other helpers' builds share the machine.
 const PATIENCE: Duration = Duration::from_secs(90);
-
-/// `<target>/pm2-<version>/node_modules/.bin/pm2`, installed with npm on first use. The install
-/// goes to a scratch folder renamed into place, so a half-finished one is never used. One
-/// install at a time: the tests of this binary run in parallel threads, and npm's cache does
-/// not take two installs of the same package at once (ENOTEMPTY).
-fn pm2_bin() -> PathBuf {
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _one_thread = INSTALL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let exe = std::env::current_exe().unwrap();
-    let target = exe
-        .ancestors()
-        .nth(3)
-        .expect("tests run from <target>/<profile>/deps")
-        .to_owned();
-    let dir = target.join(format!("pm2-{PM2_VERSION}"));
-    let bin = dir.join("node_modules/.bin/pm2");
-    if bin.exists() {
-        return bin;
-    }
-    let lock = fs::File::create(target.join(format!("pm2-{PM2_VERSION}.lock"))).unwrap();
-    lock.lock().unwrap();
-    if bin.exists() {
-        return bin;
-    }
-    let scratch = target.join(format!("pm2-{PM2_VERSION}.tmp-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&scratch);
-    fs::create_dir_all(&scratch).unwrap();
-    let out = Command::new("npm")
-        .args(["install", "--prefix"])
-        .arg(&scratch)
-        .arg(format!("pm2@{PM2_VERSION}"))
-        .args(["--no-audit", "--no-fund", "--loglevel=error"])
-        .output()
-        .expect("npm is installed");
-    assert!(
-        out.status.success(),
-        "npm install pm2@{PM2_VERSION} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    fs::rename(&scratch, &dir).unwrap();
-    assert!(bin.exists(), "{} missing after install", bin.display());
-    bin
-}
 
 /// A PM2 daemon of our own. Dropping it (also while a failed assert unwinds) runs `pm2 kill`.
 struct Pm2 {
@@ -163,7 +117,8 @@ fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
     let pm2_home = tmp.path().join("pm2-home");
     init_bare(&remote);
     init_repo(&project);
-    fs::write(project.join(".gitignore"), "node_modules/\n").unwrap();
+    // The template project ignores its PM2 logs, as the original's does.
+    fs::write(project.join(".gitignore"), "node_modules/\n.logs/\n").unwrap();
     fs::write(project.join("index.ts"), "start\n").unwrap();
     git(&project, ["add", "-A"]);
     git(&project, ["commit", "-qm", "template"]);
@@ -198,7 +153,8 @@ fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
             "PROJECT_WATCHER_BIN".to_owned(),
             watcher_bin.display().to_string(),
         ),
-        ("DEV_SERVER_CMD".to_owned(), "exec sleep 3600".to_owned()),
+        ("SHMASTRA_CMD".to_owned(), "exec sleep 3600".to_owned()),
+        ("HEALER_CMD".to_owned(), "exec sleep 3600".to_owned()),
         ("RUST_LOG".to_owned(), "info".to_owned()),
     ]);
     let pm2 = Pm2 {
@@ -208,14 +164,14 @@ fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
     };
     let quick = [("WATCHER_DEBOUNCE", "300ms"), ("WATCHER_MAX_DELAY", "2s")];
 
-    // 1. The ecosystem starts both processes; an edit reaches the remote.
+    // 1. The ecosystem starts the template's three apps; an edit reaches the remote.
     pm2.ok(&["start", ecosystem], &quick);
     let pid = wait_online(&pm2, 0, 0);
     wait_ready(&project, pid);
-    let dev_pid = until(PATIENCE, "the dev server", || {
-        pm2.app("dev-server")
-            .map(|(pid, ..)| pid)
-            .filter(|p| *p != 0)
+    let [dev_pid, healer_pid] = ["shmastra", "healer"].map(|name| {
+        until(PATIENCE, name, || {
+            pm2.app(name).map(|(pid, ..)| pid).filter(|p| *p != 0)
+        })
     });
     fs::write(project.join("first.ts"), "pushed by the watcher\n").unwrap();
     until(PATIENCE, "the first edit on the remote", || {
@@ -267,28 +223,32 @@ fn pm2_runs_the_watcher_flushes_on_stop_and_restarts_it_after_kill_9() {
         remote_has(&remote, "while-down.ts").then_some(())
     });
 
-    // PM2 keeps the watcher's logs (JSON lines on stderr).
+    // Every app logs into the project's `.logs/`, as the original template's did (the
+    // watcher's JSON lines on stderr); the watcher never saves them.
     let log =
-        fs::read_to_string(pm2_home.join("logs/project-watcher-error.log")).unwrap_or_default();
+        fs::read_to_string(project.join(".logs/project-watcher-error.log")).unwrap_or_default();
     assert!(log.contains("\"ready\""), "watcher log:\n{log}");
+    assert!(project.join(".logs/shmastra-out.log").exists());
+    assert!(project.join(".logs/healer-out.log").exists());
+    let tracked = git_output(&remote, ["ls-tree", "-r", "--name-only", "main"]);
+    let tracked = String::from_utf8_lossy(&tracked.stdout).into_owned();
+    assert!(!tracked.contains(".logs"), "{tracked}");
 
     // 4. Cleanup leaves nothing running.
     let daemon = pm2.daemon_pid().expect("the PM2 daemon's pid file");
     pm2.ok(&["delete", "all"], &[]);
     pm2.ok(&["kill"], &[]);
     until(PATIENCE, "every process to be gone", || {
-        (!alive(restarted) && !alive(dev_pid) && !alive(daemon)).then_some(())
+        (!alive(restarted) && !alive(dev_pid) && !alive(healer_pid) && !alive(daemon)).then_some(())
     });
 }
 
 /// `SandboxLayout::shmastra()`'s own PM2 commands, pointed at this checkout's ecosystem file.
 fn shmastra_layout(ecosystem: &str, watcher: &Path) -> cloud_core::SandboxLayout {
     let mut layout = cloud_core::SandboxLayout::shmastra();
-    let here = |cmd: &str| cmd.replace("/home/user/ecosystem.config.js", ecosystem);
+    let here = |cmd: &str| cmd.replace("\"$HOME/ecosystem.config.js\"", ecosystem);
     layout.start_watcher = here(&layout.start_watcher);
     layout.start_dev_server = here(&layout.start_dev_server);
-    layout.project_dir = "shmastra".into();
-    layout.watcher_env_file = ".project-watcher/.env".into();
     layout.watcher_bin = watcher.display().to_string();
     layout
 }
@@ -297,6 +257,7 @@ fn shmastra_layout(ecosystem: &str, watcher: &Path) -> cloud_core::SandboxLayout
 async fn provision_drives_pm2_once_and_restarts_the_watcher_with_a_new_token() {
     use cloud_core::EmbeddedUpstream;
     use cloud_core::LocalSandbox;
+    use cloud_core::Sandbox;
     use cloud_core::TokenSigner;
     use cloud_core::UserId;
     use cloud_core::{Orchestrator, Persistence};
@@ -324,7 +285,8 @@ async fn provision_drives_pm2_once_and_restarts_the_watcher_with_a_new_token() {
     let mut sandbox = LocalSandbox::new("sbx", &home)
         .with_env("PATH", path)
         .with_env("PM2_HOME", pm2_home.display().to_string())
-        .with_env("DEV_SERVER_CMD", "exec sleep 3600");
+        .with_env("SHMASTRA_CMD", "exec sleep 3600")
+        .with_env("HEALER_CMD", "exec sleep 3600");
     let mut env: Vec<(String, String)> = Vec::new();
     for (name, value) in hermetic_env(&home) {
         env.push((name.to_owned(), value.display().to_string()));
@@ -367,6 +329,24 @@ async fn provision_drives_pm2_once_and_restarts_the_watcher_with_a_new_token() {
     until(PATIENCE, "the existing work on the remote", || {
         remote_has(&repos.join("alice.git"), "index.ts").then_some(())
     });
+
+    // The layout's dev-server commands drive the template's two apps, and leave the watcher.
+    let layout = shmastra_layout(ecosystem.to_str().unwrap(), &watcher_bin);
+    for (command, wanted) in [
+        (&layout.start_dev_server, "online"),
+        (&layout.stop_dev_server, "stopped"),
+        (&layout.start_dev_server, "online"),
+    ] {
+        let exec = cloud_core::Exec::new(command.clone(), PATIENCE).cwd(home.join("shmastra"));
+        let out = sandbox.exec(&exec).await.unwrap();
+        assert!(out.success(), "{command}: {out:?}");
+        for app in ["shmastra", "healer"] {
+            until(PATIENCE, &format!("{app} to be {wanted}"), || {
+                pm2.app(app).filter(|(_, _, status)| status == wanted)
+            });
+        }
+    }
+    assert_eq!(pm2.app("project-watcher").map(|a| a.0), Some(pid));
 
     let again = orchestrator(1).provision(&sandbox, &alice).await.unwrap();
     assert!(!again.changed_anything(), "{again:?}");

@@ -13,11 +13,9 @@ use cloud_core::{ExternalPush, Proxy, ProxyLimits};
 use project_watcher::config::Config;
 use project_watcher::daemon;
 use testkit::git::{git, init_repo, tree_of, tree_of_add_all};
-use testkit::wait::until;
+use testkit::wait::{PATIENCE, until};
 
 const SECRET: &[u8] = b"e2e-proxy-watcher-secret-0123456789abcdef";
-/// Generous: other builds and tests share the machine's two cores.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 #[test]
 fn watcher_saves_through_the_proxy_silently_and_a_developer_push_fires_one_event() {

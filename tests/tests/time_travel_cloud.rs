@@ -8,7 +8,6 @@ use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use cloud_core::Config;
@@ -17,13 +16,13 @@ use cloud_core::GitLab;
 use cloud_core::LocalSandbox;
 use cloud_core::TokenSigner;
 use cloud_core::UserId;
-use cloud_core::{
-    Orchestrator, Persistence, ProjectHost, SandboxLayout, SandboxStatus, StatusSink,
-};
+use cloud_core::{Orchestrator, Persistence, ProjectHost, SandboxLayout, SandboxStatus};
 use cloud_core::{RestoreToError, Save, SaveKind};
 use serde_json::Value;
 use testkit::fake_gitlab::{FakeGitLab, GROUP_ID, SERVICE_TOKEN};
 use testkit::git::{git, hermetic_env, init_bare, init_repo, tree_of};
+use testkit::statuses::Statuses;
+use testkit::wait::PATIENCE;
 
 struct World {
     tmp: tempfile::TempDir,
@@ -163,8 +162,10 @@ fn layout() -> SandboxLayout {
         stop_dev_server: "true".into(),
         install_cmd: None,
         failure_file: "sync-failure".into(),
-        command_timeout: Duration::from_secs(60),
+        command_timeout: PATIENCE,
         sync_timeout: Duration::from_secs(120),
+        health: None,
+        exclude: Vec::new(),
     }
 }
 
@@ -327,21 +328,6 @@ async fn a_syncs_backup_outlives_the_sandbox_in_the_cloud_history() {
         saves.iter().any(|s| s.subject == "from the laptop"),
         "{saves:#?}"
     );
-}
-
-#[derive(Default)]
-struct Statuses(Mutex<Vec<SandboxStatus>>);
-
-impl StatusSink for Statuses {
-    fn set_status(&self, _sandbox: &str, status: SandboxStatus) {
-        self.0.lock().unwrap().push(status);
-    }
-}
-
-impl Statuses {
-    fn take(&self) -> Vec<SandboxStatus> {
-        std::mem::take(&mut self.0.lock().unwrap())
-    }
 }
 
 fn tree(dir: &Path, rev: &str) -> String {

@@ -52,7 +52,8 @@ fn ci() -> Result<()> {
     let skipped = Path::new(&std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
         .join("tmp/skipped-tests.txt");
     let _ = std::fs::remove_file(&skipped);
-    let tests = cargo(&["test", "--workspace", "--locked"]);
+    // Every test binary runs even after one fails, so one CI run shows every failure.
+    let tests = cargo(&["test", "--workspace", "--locked", "--no-fail-fast"]);
     // A skipped case passes, and cargo hides a passing test's output: say it last.
     if let Ok(list) = std::fs::read_to_string(&skipped) {
         println!(

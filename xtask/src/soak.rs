@@ -23,6 +23,10 @@ pub struct Options {
     /// about a second each in a release build).
     #[arg(long, default_value_t = 2_000)]
     watcher_proptest_cases: u64,
+    /// How long the whole-remote property runs (generated histories pushed through every
+    /// transport, `git fsck` and a fresh clone after each push), in seconds.
+    #[arg(long, default_value_t = 600)]
+    whole_remote_secs: u64,
     /// Replays a run (the seed each randomised test printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -39,11 +43,25 @@ const SUITES: &[(&str, &[&str])] = &[
             "reliability_hostile",
             "property",
             "rules_differential",
+            "whole_remote_property",
         ],
     ),
     ("cloud-core", &["parsers_proptest"]),
     ("git-wire", &["report_proptest"]),
     ("e2e", &["reliability_manifest"]),
+];
+
+/// Figures the report must hold, from the cases that never skip: a figure a test prints where
+/// the soak does not collect it (stderr) is missing, not silently left out.
+const REQUIRED_FIGURES: &[&str] = &[
+    "RELIABILITY crash:",
+    "RELIABILITY network-faults:",
+    "RELIABILITY hostile-trees:",
+    "RELIABILITY inotify-watch-limit:",
+    "RELIABILITY property:",
+    "RELIABILITY rules-differential:",
+    "RELIABILITY parser-report-status:",
+    "RELIABILITY parser-manifest-text:",
 ];
 
 pub fn run(options: Options) -> Result<()> {
@@ -71,6 +89,7 @@ pub fn run(options: Options) -> Result<()> {
                 "WATCHER_PROPTEST_CASES",
                 options.watcher_proptest_cases.to_string(),
             )
+            .env("WHOLE_REMOTE_SECS", options.whole_remote_secs.to_string())
             .stdout(Stdio::piped());
         if let Some(seed) = options.seed {
             cmd.env("RELIABILITY_SEED", seed.to_string());
@@ -97,13 +116,26 @@ pub fn run(options: Options) -> Result<()> {
             );
         }
     }
+    let missing: Vec<&str> = REQUIRED_FIGURES
+        .iter()
+        .copied()
+        .filter(|prefix| !figures.iter().any(|line| line.starts_with(prefix)))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "the tests passed but printed no {} line; figures:\n{}",
+            missing.join(", "),
+            figures.join("\n")
+        );
+    }
     let report = format!(
-        "soak finished in {} s (rounds={}, outage_secs={}, proptest_cases={}, watcher_proptest_cases={})\n{}\n",
+        "soak finished in {} s (rounds={}, outage_secs={}, proptest_cases={}, watcher_proptest_cases={}, whole_remote_secs={})\n{}\n",
         started.elapsed().as_secs(),
         options.rounds,
         options.outage_secs,
         options.proptest_cases,
         options.watcher_proptest_cases,
+        options.whole_remote_secs,
         figures.join("\n")
     );
     print!("\n{report}");

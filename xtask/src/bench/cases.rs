@@ -12,7 +12,6 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::fixture::{self, BURST_PREFIX, Fixture, TreeWriter};
-use super::procs::sample_group;
 use super::side::{Programs, Running, Side};
 
 /// How often the remote's ref is read while a case waits for a commit.
@@ -113,7 +112,7 @@ impl Session {
     ) -> Result<Option<T>> {
         let running = Running::start(side, &self.programs, fixture, self.settle, case)?;
         std::thread::sleep(QUIET);
-        let at_rest = sample_group(running.pgid)?;
+        let at_rest = running.sample()?;
         results.startups.push(Startup {
             case: case.to_owned(),
             ready_s: running.ready_after.as_secs_f64(),
@@ -194,11 +193,11 @@ impl Session {
         let found = self.with_side(side, fx, results, "node-modules-burst", |s, running| {
             let remote_before = fx.remote_head()?;
             let local_before = local_head(fx)?;
-            let before = sample_group(running.pgid)?;
+            let before = running.sample()?;
             let mut writer = TreeWriter::new(&fx.project);
             let written = fixture::write_packages(&mut writer, BURST_PREFIX, files)?;
             std::thread::sleep(s.settle + QUIET * 2);
-            let after = sample_group(running.pgid)?;
+            let after = running.sample()?;
             let commits = count_commits(fx, remote_before.as_deref(), fx.remote_head()?)?
                 + u64::from(local_head(fx)? != local_before);
             Ok(NodeModulesBurst {
@@ -228,11 +227,11 @@ impl Session {
             let indexes: Vec<usize> = (0..files).map(|k| k * n / files).collect();
             let edits = s.prepare_edits(fx, &indexes)?;
             let old = fx.remote_head()?;
-            let before = sample_group(running.pgid)?;
+            let before = running.sample()?;
             let (_, last_write) = s.write_edits(fx, &edits)?;
             let (done, new) = s.wait_for_remote(fx, old.as_deref(), &edits, last_write)?;
             std::thread::sleep(QUIET);
-            let after = sample_group(running.pgid)?;
+            let after = running.sample()?;
             Ok(TrackedBurst {
                 files,
                 beyond_settle_s: done.duration_since(last_write).as_secs_f64()
@@ -254,9 +253,9 @@ impl Session {
         seconds: Duration,
     ) -> Result<()> {
         let found = self.with_side(side, fx, results, "idle", |_, running| {
-            let before = sample_group(running.pgid)?;
+            let before = running.sample()?;
             std::thread::sleep(seconds);
-            let after = sample_group(running.pgid)?;
+            let after = running.sample()?;
             Ok(Idle {
                 seconds: seconds.as_secs_f64(),
                 cpu_s: after.cpu_s - before.cpu_s,

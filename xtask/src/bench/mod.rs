@@ -1,6 +1,8 @@
 //! `cargo xtask bench`: project-watcher against the usual inotifywait + git CLI shell loop,
 //! on the same generated projects, in one run, reported as ratios (see BENCHMARKS.md).
 
+#[cfg(test)]
+mod baseline_check;
 mod cases;
 mod fixture;
 mod git;
@@ -160,6 +162,7 @@ pub fn run(options: Options) -> Result<()> {
     }
     let programs = Programs {
         baseline_script: root.join("xtask/bench/baseline.sh"),
+        autorestart_script: root.join("xtask/bench/autorestart.sh"),
         watcher_binary: if sides.contains(&Side::Watcher) {
             build_watcher(&root)?
         } else {

@@ -60,8 +60,10 @@ fn count_inotify_watches(fdinfo: &str) -> u64 {
 }
 
 /// Samples every process whose process group is `pgid`. Processes that exit while being read
-/// are skipped: their time is already in their parent's `cutime`, or about to be.
-pub fn sample_group(pgid: u32) -> Result<Sample> {
+/// are skipped: their time is already in their parent's `cutime`, or about to be. With
+/// `cpu_only_leader`, the group leader (pid `pgid`) adds its CPU time but not its memory,
+/// watches or process count: it is a supervisor, not part of what is measured.
+pub fn sample_group(pgid: u32, cpu_only_leader: bool) -> Result<Sample> {
     let mut sample = Sample::default();
     for entry in fs::read_dir("/proc").context("reading /proc")? {
         let entry = entry?;
@@ -78,8 +80,11 @@ pub fn sample_group(pgid: u32) -> Result<Sample> {
         if stat.pgrp != pgid {
             continue;
         }
-        sample.processes += 1;
         sample.cpu_s += stat.cpu_ticks as f64 / TICKS_PER_SECOND;
+        if cpu_only_leader && pid == pgid {
+            continue;
+        }
+        sample.processes += 1;
         let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         sample.rss_kib += status_kib(&status, "VmRSS");
         sample.rss_anon_kib += status_kib(&status, "RssAnon");
@@ -137,16 +142,26 @@ mod tests {
             std::time::Duration::from_secs(60),
             "the shell to reap its busy subshell",
             || {
-                let s = sample_group(pgid).unwrap();
+                let s = sample_group(pgid, false).unwrap();
                 // One process left means the busy subshell was reaped and the shell became
                 // `sleep`: all the CPU seen then is the reaped child's.
                 (s.processes == 1 && s.cpu_s >= 0.1).then_some(s)
             },
         );
+        let leader_cpu_only = sample_group(pgid, true).unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(sample.rss_kib > sample.rss_anon_kib, "{sample:?}");
         assert!(sample.rss_anon_kib > 0, "{sample:?}");
         assert_eq!(sample.watches, 0, "{sample:?}");
+        assert_eq!(
+            (
+                leader_cpu_only.processes,
+                leader_cpu_only.rss_kib,
+                leader_cpu_only.cpu_s >= sample.cpu_s
+            ),
+            (0, 0, true),
+            "the leader's CPU counts, its memory does not: {leader_cpu_only:?}"
+        );
     }
 }

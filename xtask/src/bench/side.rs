@@ -14,11 +14,13 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use super::fixture::Fixture;
+use super::procs::{Sample, sample_group};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Side {
-    /// `xtask/bench/baseline.sh`: inotifywait and the git CLI.
+    /// `xtask/bench/baseline.sh`, the original system's watcher: inotifywait and the git CLI,
+    /// restarted by `xtask/bench/autorestart.sh` when it exits, as PM2 restarts it.
     Baseline,
     /// `project-watcher watch`, release build.
     Watcher,
@@ -36,6 +38,7 @@ impl Side {
 /// What starts each side.
 pub struct Programs {
     pub baseline_script: PathBuf,
+    pub autorestart_script: PathBuf,
     pub watcher_binary: PathBuf,
 }
 
@@ -50,7 +53,7 @@ pub struct Running {
     pub side: Side,
     child: Child,
     /// Spawned with `process_group(0)`: the group id is the child's pid.
-    pub pgid: u32,
+    pgid: u32,
     pub ready_after: Duration,
     log: PathBuf,
 }
@@ -68,7 +71,8 @@ impl Running {
         let mut cmd = match side {
             Side::Baseline => {
                 let mut cmd = Command::new("bash");
-                cmd.arg(&programs.baseline_script)
+                cmd.arg(&programs.autorestart_script)
+                    .arg(&programs.baseline_script)
                     .arg(&fixture.project)
                     .arg(format!("{}", settle.as_secs_f64()));
                 cmd
@@ -177,6 +181,13 @@ impl Running {
         // Later lines only go to the log file.
         std::thread::spawn(move || for _ in lines_rx {});
         Ok(running)
+    }
+
+    /// What the side's process group costs now. The baseline's group leader is its
+    /// autorestart loop, standing in for PM2: its CPU counts (a restarted baseline's time is
+    /// in its `cutime`), its memory does not, as PM2's is not counted for the watcher.
+    pub fn sample(&self) -> Result<Sample> {
+        sample_group(self.pgid, self.side == Side::Baseline)
     }
 
     /// The last lines of the side's log, for error messages.
