@@ -1,5 +1,6 @@
 //! `project-watcher history` and `show`: the saves, newest first, read from local git data
 //! only (no network), so listing the last 20 saves of a 100k-commit project is instant.
+//! `show` detects renames as `git show` does, and prints the save as text or as a [`Save`].
 //!
 //! A save's kind comes from the watcher's trailers (`Saved-by: project-watcher/<version>`,
 //! `Save-kind: <kind>`); a commit without them was made by a person (`other`), or pulled in
@@ -11,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use git2::{DiffFormat, DiffOptions, DiffStatsFormat, Oid, Repository};
+use git2::{Delta, DiffFindOptions, DiffFormat, DiffOptions, DiffStatsFormat, Oid, Repository};
 use serde::{Deserialize, Serialize};
 use shmastra_contract::save_message::{self, SaveKind};
 
@@ -42,6 +43,76 @@ pub struct Entry {
     /// branch holds, and those of a detached `HEAD`, have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branch: Option<String>,
+}
+
+/// One save, as `show --json` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Save {
+    /// The full commit id.
+    pub commit: String,
+    /// The shortest unique prefix git would print (`git rev-parse --short`).
+    pub short: String,
+    /// What made it, named as `history --json` names it.
+    pub kind: SaveKind,
+    /// The subject line of the commit message.
+    pub subject: String,
+    /// The whole commit message, trailers included.
+    pub message: String,
+    /// Who made it.
+    pub author: Author,
+    /// The commit time, RFC 3339 UTC.
+    pub time: String,
+    /// The full ids of its parents (none for the first save).
+    pub parents: Vec<String>,
+    /// What it changed against its first parent, in git's path order.
+    pub files: Vec<FileChange>,
+}
+
+/// A commit's author.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Author {
+    /// The name.
+    pub name: String,
+    /// The email address.
+    pub email: String,
+}
+
+/// One path a save changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileChange {
+    /// The path after the save (before it, for a deleted file).
+    pub path: String,
+    /// The path before a rename.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_path: Option<String>,
+    /// How it changed.
+    pub change: Change,
+    /// Whether git treats its content as binary (then no line counts).
+    pub binary: bool,
+    /// Lines added, as `git show --numstat` counts them; `null` for a binary file.
+    pub added: Option<usize>,
+    /// Lines removed; `null` for a binary file.
+    pub removed: Option<usize>,
+    /// This file's part of the patch, as `git show` prints it (its `diff --git` header
+    /// first; a binary file's is one `Binary files ... differ` line), but for an edited
+    /// rename's `similarity index`, which libgit2 scores its own way.
+    pub patch: String,
+}
+
+/// How a path changed, as `git diff-tree --name-status` letters it (`A`, `M`, `D`, `R`, `T`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// `A`: a new path.
+    Added,
+    /// `M`: new content or mode.
+    Modified,
+    /// `D`: the path is gone.
+    Deleted,
+    /// `R`: moved from `old_path`, maybe with edits.
+    Renamed,
+    /// `T`: a file became a symlink or a submodule, or back.
+    TypeChanged,
 }
 
 /// What to list.
@@ -279,13 +350,12 @@ pub fn render(entries: &[Entry]) -> String {
 /// `project-watcher show REV`: the save's header, then its stat and patch as git prints them
 /// (binary files summarised).
 pub fn show(repo: &Repository, rev: &str) -> Result<String, HistoryError> {
-    let oid = at::resolve(repo, rev, std::time::SystemTime::now())?;
-    let commit = repo.find_commit(oid)?;
-    let synced = read_synced(repo.path());
+    let commit = repo.find_commit(at::resolve(repo, rev, std::time::SystemTime::now())?)?;
     let message = commit.message_raw().unwrap_or_default();
     let mut out = format!(
-        "commit {oid}\nKind: {}\nAuthor: {} <{}>\nDate:   {}\n\n",
-        classify(message, synced.contains(&oid)),
+        "commit {}\nKind: {}\nAuthor: {} <{}>\nDate:   {}\n\n",
+        commit.id(),
+        kind_of(repo, &commit),
         commit.author().name().unwrap_or_default(),
         commit.author().email().unwrap_or_default(),
         timestamp(at::commit_time(commit.time().seconds())),
@@ -294,7 +364,7 @@ pub fn show(repo: &Repository, rev: &str) -> Result<String, HistoryError> {
         let _ = writeln!(out, "    {line}");
     }
     out.push('\n');
-    let diff = diff_of(repo, &commit, None)?;
+    let diff = shown_diff(repo, &commit)?;
     let stats = diff.stats()?.to_buf(DiffStatsFormat::FULL, 80)?;
     out.push_str(&String::from_utf8_lossy(&stats));
     out.push('\n');
@@ -308,6 +378,79 @@ pub fn show(repo: &Repository, rev: &str) -> Result<String, HistoryError> {
     })?;
     out.push_str(&String::from_utf8_lossy(&patch));
     Ok(out)
+}
+
+/// `project-watcher show --json REV`: the same save as [`show`], as data.
+pub fn show_save(repo: &Repository, rev: &str) -> Result<Save, HistoryError> {
+    let commit = repo.find_commit(at::resolve(repo, rev, std::time::SystemTime::now())?)?;
+    let diff = shown_diff(repo, &commit)?;
+    let mut files = Vec::with_capacity(diff.deltas().len());
+    for index in 0..diff.deltas().len() {
+        let Some(mut patch) = git2::Patch::from_diff(&diff, index)? else {
+            continue;
+        };
+        let delta = patch.delta();
+        let path = |file: git2::DiffFile<'_>| {
+            file.path_bytes()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+        };
+        let (old, new) = (path(delta.old_file()), path(delta.new_file()));
+        let change = match delta.status() {
+            Delta::Added => Change::Added,
+            Delta::Deleted => Change::Deleted,
+            Delta::Renamed => Change::Renamed,
+            Delta::Typechange => Change::TypeChanged,
+            _ => Change::Modified,
+        };
+        let binary = delta.flags().is_binary();
+        let (_, added, removed) = patch.line_stats()?;
+        files.push(FileChange {
+            path: new.clone().or(old.clone()).unwrap_or_default(),
+            old_path: old.filter(|_| change == Change::Renamed),
+            change,
+            binary,
+            added: (!binary).then_some(added),
+            removed: (!binary).then_some(removed),
+            patch: String::from_utf8_lossy(&patch.to_buf()?).into_owned(),
+        });
+    }
+    Ok(Save {
+        commit: commit.id().to_string(),
+        short: String::from_utf8_lossy(&commit.as_object().short_id()?).into_owned(),
+        kind: kind_of(repo, &commit),
+        subject: commit
+            .summary()
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .to_owned(),
+        message: commit.message_raw().unwrap_or_default().to_owned(),
+        author: Author {
+            name: commit.author().name().unwrap_or_default().to_owned(),
+            email: commit.author().email().unwrap_or_default().to_owned(),
+        },
+        time: timestamp(at::commit_time(commit.time().seconds())),
+        parents: commit.parent_ids().map(|id| id.to_string()).collect(),
+        files,
+    })
+}
+
+fn kind_of(repo: &Repository, commit: &git2::Commit<'_>) -> SaveKind {
+    let synced = read_synced(repo.path());
+    classify(
+        commit.message_raw().unwrap_or_default(),
+        synced.contains(&commit.id()),
+    )
+}
+
+/// The diff `show` prints: against the first parent, renames found as `git show` finds them.
+fn shown_diff<'r>(
+    repo: &'r Repository,
+    commit: &git2::Commit<'_>,
+) -> Result<git2::Diff<'r>, git2::Error> {
+    let mut diff = diff_of(repo, commit, None)?;
+    diff.find_similar(Some(DiffFindOptions::new().renames(true)))?;
+    Ok(diff)
 }
 
 #[cfg(test)]

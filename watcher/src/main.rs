@@ -65,7 +65,7 @@ enum Command {
     Restore(RestoreArgs),
     /// List the saves, newest first.
     History(HistoryArgs),
-    /// Print what one save changed: a stat and the patch.
+    /// Print what one save changed: a stat and the patch (--json: the same save as data).
     Show(ShowArgs),
     /// Bring the project to the remote branch after a push from elsewhere: back up unsaved
     /// work, stop, pull, reinstall dependencies if needed, start.
@@ -142,6 +142,12 @@ struct ShowArgs {
     rev: String,
     #[arg(long, env = env::PROJECT_DIR, default_value = ".")]
     dir: PathBuf,
+    /// One JSON object: commit, short, kind, subject, message, author (name, email), time,
+    /// parents, and files, each with path, old_path (renames), change (added, modified,
+    /// deleted, renamed, type_changed), binary, added and removed lines (null for a binary
+    /// file) and its patch.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -349,10 +355,16 @@ fn history_command(args: HistoryArgs) -> ExitCode {
 }
 
 fn show_command(args: ShowArgs) -> ExitCode {
-    match history::open(&args.dir).and_then(|repo| history::show(&repo, &args.rev)) {
-        Ok(text) => emit(&text),
-        Err(e) => fail(&e, e.is_usage()),
-    }
+    let repo = match history::open(&args.dir) {
+        Ok(repo) => repo,
+        Err(e) => return fail(&e, e.is_usage()),
+    };
+    let shown = if args.json {
+        history::show_save(&repo, &args.rev).map(|save| print_json(&save))
+    } else {
+        history::show(&repo, &args.rev).map(|text| emit(&text))
+    };
+    shown.unwrap_or_else(|e| fail(&e, e.is_usage()))
 }
 
 /// The one plain line on stderr that ends a command (never a log line: the same text whether

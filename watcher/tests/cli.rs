@@ -385,6 +385,7 @@ fn failures_name_no_libgit2_internals() {
     };
     check(&["show", "0000000"], 2);
     check(&["show", "no-such-save"], 2);
+    check(&["show", "--json", "no-such-save"], 2);
     check(&["restore", "--at", "0000000"], 2);
     // The branch names an object the repository does not hold: libgit2 fails reading it.
     let branch = repo.git(&["symbolic-ref", "HEAD"]);
@@ -395,6 +396,7 @@ fn failures_name_no_libgit2_internals() {
     .unwrap();
     check(&["history"], 1);
     check(&["show", "HEAD"], 2);
+    check(&["show", "--json", "HEAD"], 2);
 }
 
 /// `status --json` of a stopped watcher says it is not running, with no process figures,

@@ -386,6 +386,7 @@ fn bad_revisions_times_and_paths_are_one_line_and_exit_2_and_change_nothing() {
             "not a path inside",
         ),
         (&["show", "deadbeef"], "is not a save"),
+        (&["show", "--json", "deadbeef"], "is not a save"),
     ];
     for (args, expected) in cases {
         let out = run(&p, args);
@@ -426,6 +427,137 @@ fn show_prints_a_stat_and_the_patch_with_binary_files_summarised() {
         patch.contains("Binary files /dev/null and b/logo.png differ"),
         "{patch}"
     );
+}
+
+/// `show --json` says what git says of the save: each file's change (`git diff-tree -r -M
+/// --name-status`, the renames `git show` finds), its line counts (`git show --numstat`, `-`
+/// for a binary file), and its patch, the patches joined being `git show`'s.
+#[test]
+fn show_json_is_the_save_as_git_shows_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = Project::local(tmp.path());
+    p.write("keep.txt", "one\ntwo\nthree\n");
+    p.write("gone.txt", "gone\n");
+    p.write("src/old.ts", "a\nb\nc\nd\ne\nf\n");
+    p.write("logo.png", [0u8, 159, 146, 150]);
+    ok(run(&p, &["once", "--no-push"]));
+    let first = head(&p.work);
+    p.write("keep.txt", "one\n2\nthree\nfour\n");
+    fs::remove_file(p.path("gone.txt")).unwrap();
+    fs::remove_file(p.path("src/old.ts")).unwrap();
+    p.write("src/tools/new.ts", "a\nb\nc\nd\ne\nf\ng\n");
+    p.write("logo.png", [0u8, 1, 2]);
+    p.write("added.txt", "new\n");
+    p.write("data.bin", [7u8, 0, 7]);
+    ok(run(&p, &["once", "--no-push"]));
+    let id = head(&p.work);
+
+    let save: Value = serde_json::from_str(&ok(run(&p, &["show", "--json", &id[..10]]))).unwrap();
+    let log = |format: &str| git(&p.work, ["log", "-1", &format!("--format={format}"), &id]);
+    assert_eq!(save["commit"], id);
+    assert_eq!(
+        save["short"],
+        git(&p.work, ["rev-parse", "--short", &id]).trim()
+    );
+    assert_eq!(save["kind"], "autosave");
+    assert_eq!(save["kind"], history(&p, &["--limit", "1"])[0]["kind"]);
+    assert_eq!(save["subject"], log("%s").trim_end());
+    assert_eq!(
+        save["message"],
+        log("%B").trim_end_matches('\n').to_owned() + "\n"
+    );
+    assert_eq!(save["author"]["name"], log("%an").trim());
+    assert_eq!(save["author"]["email"], log("%ae").trim());
+    let time = humantime::parse_rfc3339(save["time"].as_str().unwrap()).unwrap();
+    let secs = time
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(secs.to_string(), log("%ct").trim());
+    assert_eq!(save["parents"], serde_json::json!([first]));
+
+    // git's view, file by file: (letter, old path, path), (added, removed) or binary.
+    let status = git(
+        &p.work,
+        ["diff-tree", "-r", "-M", "-z", "--name-status", &id],
+    );
+    let mut fields = status.split('\0').skip(1).filter(|f| !f.is_empty());
+    let mut git_files = Vec::new();
+    while let Some(letter) = fields.next() {
+        let letter = &letter[..1];
+        let old = (letter == "R").then(|| fields.next().unwrap().to_owned());
+        git_files.push((letter.to_owned(), old, fields.next().unwrap().to_owned()));
+    }
+    let numstat = git(&p.work, ["show", "-z", "--numstat", "--format=", &id]);
+    let mut fields = numstat.split('\0').filter(|f| !f.trim().is_empty());
+    let mut git_counts = Vec::new();
+    while let Some(counts) = fields.next() {
+        let mut counts = counts.trim_start().split('\t');
+        let (added, removed) = (counts.next().unwrap(), counts.next().unwrap());
+        let path = match counts.next().unwrap() {
+            "" => {
+                fields.next();
+                fields.next().unwrap()
+            }
+            path => path,
+        };
+        let count = |n: &str| n.parse::<u64>().ok();
+        git_counts.push((path.to_owned(), count(added), count(removed)));
+    }
+    let files = save["files"].as_array().unwrap();
+    let shown: Vec<(String, Option<String>, String)> = files
+        .iter()
+        .map(|f| {
+            let letter = match f["change"].as_str().unwrap() {
+                "added" => "A",
+                "modified" => "M",
+                "deleted" => "D",
+                "renamed" => "R",
+                other => panic!("unexpected change {other}"),
+            };
+            let old = f.get("old_path").map(|o| o.as_str().unwrap().to_owned());
+            (
+                letter.to_owned(),
+                old,
+                f["path"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(shown, git_files, "{save:#}");
+    let letters: std::collections::BTreeSet<&str> =
+        git_files.iter().map(|(l, _, _)| l.as_str()).collect();
+    assert_eq!(letters, ["A", "D", "M", "R"].into(), "{status}");
+    let counts: Vec<(String, Option<u64>, Option<u64>)> = files
+        .iter()
+        .map(|f| {
+            assert_eq!(f["binary"], f["added"].is_null(), "{f:#}");
+            let path = f["path"].as_str().unwrap().to_owned();
+            (path, f["added"].as_u64(), f["removed"].as_u64())
+        })
+        .collect();
+    assert_eq!(counts, git_counts, "{save:#}\ngit: {numstat:?}");
+    let binaries: Vec<&str> = files
+        .iter()
+        .filter(|f| f["binary"] == true)
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(binaries, ["data.bin", "logo.png"]);
+
+    // libgit2 scores an edited rename's similarity its own way: that one figure may differ.
+    let similarity = |text: &str| {
+        text.lines()
+            .map(|l| match l.starts_with("similarity index ") {
+                true => "similarity index N%\n".to_owned(),
+                false => format!("{l}\n"),
+            })
+            .collect::<String>()
+    };
+    let patch = similarity(&git(&p.work, ["show", "--format=", &id]));
+    let joined: String = files.iter().map(|f| f["patch"].as_str().unwrap()).collect();
+    assert_eq!(similarity(&joined), patch);
+    assert!(patch.contains("rename from src/old.ts"), "{patch}");
+    // The text form shows the same diff, renames included.
+    assert!(similarity(&ok(run(&p, &["show", &id]))).ends_with(&patch));
 }
 
 #[test]
