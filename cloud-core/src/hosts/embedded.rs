@@ -22,7 +22,7 @@ use super::bounded;
 use crate::admission::Admission;
 use crate::host::{Diff, HostLink, ProjectHost, ProjectPages};
 use crate::http_backend::{self, Children};
-use crate::orchestrate::history::{HistoryError, SaveHistory};
+use crate::orchestrate::history::{HistoryError, LoggedCommit, SaveHistory};
 use crate::proxy::upstream::{Upstream, UpstreamError, UpstreamRequest};
 use crate::user::UserId;
 
@@ -212,7 +212,7 @@ impl SaveHistory for EmbeddedUpstream {
         &self,
         user: &UserId,
         limit: usize,
-    ) -> Result<Vec<(String, String, String)>, HistoryError> {
+    ) -> Result<Vec<LoggedCommit>, HistoryError> {
         let dir = self.repo_dir(user);
         if !dir.join("HEAD").exists() {
             return Ok(Vec::new());
@@ -232,7 +232,7 @@ impl SaveHistory for EmbeddedUpstream {
             "--branches",
             "--date-order",
             &format!("--max-count={limit}"),
-            "--format=%H%x00%cI%x00%B%x1e",
+            "--format=%H%x00%cI%x00%an%x00%B%x1e",
             "--",
         ]);
         // A repository without any branch yet lists nothing and succeeds.

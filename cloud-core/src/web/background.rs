@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::Web;
 use super::flash::Flash;
+use super::{PageEvent, Web};
 use crate::host::ProjectPages;
 use crate::orchestrate::OrchestrateError;
 use crate::orchestrate::history::{RestoreToError, RestoredTo, SaveHistory};
@@ -101,8 +101,8 @@ impl<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static> Web<H, P> {
         }
     }
 
-    /// Restores the user's sandbox to `commit` in the background; the next page load says how
-    /// it went.
+    /// Restores the user's sandbox to `commit` in the background; the user's open page, else
+    /// their next page load, says how it went.
     pub(super) fn restore_in_background(self: Arc<Self>, user: UserId, commit: String) {
         tokio::spawn(async move {
             if self.backend.lifecycle().is_none() {
@@ -119,7 +119,8 @@ impl<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static> Web<H, P> {
                     e.to_string()
                 }
             };
-            self.flashes.put(&user, Flash::notice(notice));
+            self.flashes.put(&user, Flash::notice(notice.clone()));
+            let _ = self.page_events.send(PageEvent::Notice(user, notice));
         });
     }
 }

@@ -284,25 +284,47 @@ pub fn history_fragment(
             Ok(saves) => {
                 ol #saves {
                     @for save in saves {
-                        li .save data-commit=(save.commit) {
-                            time datetime=(save.time) { (save.time) }
-                            " "
-                            span .kind { (save.kind.as_str()) }
-                            " "
-                            a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
-                            @if !save.files.is_empty() {
-                                " "
-                                span .files { (save.files.join(", ")) }
-                            }
-                            @if can_restore {
-                                form .restore-version method="post" action={"/u/" (user) "/restore-version"} {
-                                    input type="hidden" name="csrf" value=(csrf);
-                                    input type="hidden" name="commit" value=(save.commit);
-                                    button type="submit" { "Restore this version" }
-                                }
-                            }
-                        }
+                        (save_row(user, csrf, save, can_restore))
                     }
+                }
+            }
+        }
+    }
+}
+
+/// The first characters of a commit id, as git's short ids.
+fn short_id(commit: &str) -> &str {
+    commit.get(..7).unwrap_or(commit)
+}
+
+/// One line per save: kind, subject (opening the diff), short id, author, time (the page's
+/// script makes it relative, with the local time on hover), the files when the subject does
+/// not already name them, and "Restore this version".
+fn save_row(user: &str, csrf: &str, save: &Save, can_restore: bool) -> Markup {
+    let files = save.files.join(", ");
+    html! {
+        li .save data-commit=(save.commit) data-kind=(save.kind.as_str()) {
+            span .kind { (save.kind.as_str()) }
+            " "
+            a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
+            " "
+            code .short-id { (short_id(&save.commit)) }
+            @if !save.author.is_empty() {
+                " by "
+                span .author { (save.author) }
+            }
+            " "
+            time datetime=(save.time) title=(save.time) { (save.time) }
+            @if !files.is_empty() && files != save.subject {
+                " "
+                span .files { (files) }
+            }
+            @if can_restore {
+                " "
+                form .restore-version method="post" action={"/u/" (user) "/restore-version"} {
+                    input type="hidden" name="csrf" value=(csrf);
+                    input type="hidden" name="commit" value=(save.commit);
+                    button type="submit" { "Restore this version" }
                 }
             }
         }
@@ -323,8 +345,9 @@ pub fn diff_page(user: &str, commit: &str, text: &str) -> Markup {
     )
 }
 
-/// The page's script: live status over server-sent events, a confirmation before restoring a
-/// version. Served as a file so the CSP needs no inline script.
+/// The page's script: live status, history and restore notices over server-sent events,
+/// relative times, a confirmation before restoring. Served as a file so the CSP needs no
+/// inline script.
 pub const PAGE_JS: &str = include_str!("page.js");
 pub const PAGE_CSS: &str = include_str!("page.css");
 
