@@ -355,8 +355,8 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
         .click()
         .await
         .unwrap();
-    let diff = text_of(&client, "#diff").await.unwrap();
-    assert!(diff.contains("a.txt") && diff.contains("+one"), "{diff}");
+    let diff = text_of(&client, ".file[data-path='a.txt']").await.unwrap();
+    assert!(diff.contains("+ one"), "{diff}");
     client.back().await.unwrap();
     wait_label(&client, "Ready").await;
     client
@@ -514,6 +514,125 @@ async fn the_history_is_live_one_line_per_save_and_every_restore_is_confirmed() 
     assert_eq!(
         std::fs::read_to_string(ws.project("alice").join("b.txt")).unwrap(),
         "bee\n"
+    );
+    client.close().await.unwrap();
+    ws.stop();
+}
+
+/// The texts of the elements `css` finds, read at once.
+async fn texts_of(client: &Client, css: &str) -> Vec<String> {
+    let v = client
+        .execute(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(function (e) { return e.textContent; });",
+            vec![json!(css)],
+        )
+        .await
+        .expect("read the page");
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saves_page_signs_its_lines_sums_up_a_binary_and_restores_only_one_file() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (_driver, client) = browser().await;
+    open_link(&client, &ws.link("alice", "15m")).await;
+    wait_label(&client, "Ready").await;
+    let upstream = ws.upstream_repo("alice");
+    eventually(&client, "the sandbox's first save pushed", || async {
+        tree_of(&upstream, "main")
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let laptop = tmp.path().join("laptop");
+    ws.laptop("alice", &laptop);
+    let image = "PNG\u{0}\u{1}\u{2}\u{0}binary";
+    let older = commit_push(
+        &laptop,
+        &[
+            ("a.txt", Some("one\ntwo\n")),
+            ("b.txt", Some("bee\n")),
+            ("img.bin", Some(image)),
+        ],
+        "laptop: three files",
+    );
+    let newer = commit_push(
+        &laptop,
+        &[
+            ("a.txt", Some("one\nthree\n")),
+            ("b.txt", Some("bee two\n")),
+        ],
+        "laptop: change two",
+    );
+    let project = ws.project("alice");
+    eventually(&client, "the sandbox synced", || async {
+        (std::fs::read_to_string(project.join("b.txt")).ok()? == "bee two\n").then_some(())
+    })
+    .await;
+    wait_label(&client, "Ready").await;
+
+    // The newer save: per file, its removed and added lines, each with its sign.
+    client
+        .goto(&ws.serve.url(&format!("/u/alice/saves/{newer}")))
+        .await
+        .unwrap();
+    let a = ".file[data-path='a.txt']";
+    assert_eq!(
+        texts_of(&client, &format!("{a} .del")).await,
+        vec!["− two".to_owned()]
+    );
+    assert_eq!(
+        texts_of(&client, &format!("{a} .add")).await,
+        vec!["+ three".to_owned()]
+    );
+    let page = text_of(&client, "main").await.unwrap();
+    assert!(
+        page.contains("laptop: change two") && !page.contains("Author:"),
+        "no raw header: {page}"
+    );
+
+    // The older one: the binary summed up, not dumped; then only a.txt goes back to it.
+    client
+        .goto(&ws.serve.url(&format!("/u/alice/saves/{older}")))
+        .await
+        .unwrap();
+    assert_eq!(
+        text_of(&client, ".file[data-path='img.bin'] .binary")
+            .await
+            .as_deref(),
+        Some(format!("binary file, {} bytes", image.len()).as_str())
+    );
+    client
+        .find(Locator::Css(&format!("{a} .restore-file button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .accept_alert()
+        .await
+        .expect("a confirmation before restoring a file");
+    let notice = eventually(&client, "the file's restore confirmed", || async {
+        text_of(&client, "#notice")
+            .await
+            .filter(|n| n.contains("Restored a.txt"))
+    })
+    .await;
+    assert!(notice.contains(&older[..12]), "{notice}");
+    assert_eq!(
+        std::fs::read_to_string(project.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("b.txt")).unwrap(),
+        "bee two\n",
+        "only the one file went back"
     );
     client.close().await.unwrap();
     ws.stop();

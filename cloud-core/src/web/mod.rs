@@ -7,7 +7,7 @@
 //! sends one, an `Origin` equal to the server's):
 //! `GET /login?t=LINK`, `POST /login`, `GET /`, `GET /u/<user>`, `GET /u/<user>/events`,
 //! `GET /u/<user>/history`, `GET /u/<user>/saves/<commit>`, `POST /u/<user>/restore-version`,
-//! `POST /u/<user>/restore-project`, `POST /u/<user>/sign-out`, `GET /static/page.js`,
+//! `POST /u/<user>/restore-file`, `POST /u/<user>/restore-project`, `POST /u/<user>/sign-out`, `GET /static/page.js`,
 //! `GET /static/page.css`.
 //!
 //! This module wires them; `session` checks who asks, `pages` and `actions` answer,
@@ -409,6 +409,10 @@ pub fn workspace_with<H: ProjectPages + SaveHistory, P: SandboxProvider + 'stati
         .route(
             "/u/{user}/restore-version",
             post(actions::restore_version::<H, P>),
+        )
+        .route(
+            "/u/{user}/restore-file",
+            post(actions::restore_file::<H, P>),
         )
         .route(
             "/u/{user}/restore-project",

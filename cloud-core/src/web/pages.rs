@@ -197,9 +197,18 @@ pub(super) async fn events<H: ProjectPages + SaveHistory, P: SandboxProvider + '
         user: session.user.clone(),
         csrf: csrf.clone(),
     };
+    // A notice that came before this stream did (a restore done while the page loaded)
+    // comes first; later ones come over `page_events`, subscribed to above.
     let first = {
         let render = render();
-        stream::once(async move { render.status().await })
+        stream::once(async move {
+            let mut events = vec![render.status().await];
+            if let Some(text) = render.web.flashes.take_notice_alone(&render.user) {
+                events.push(Ok(Event::default().event("notice").data(text)));
+            }
+            stream::iter(events)
+        })
+        .flatten()
     };
     let render = render();
     let user = session.user.clone();
@@ -330,10 +339,19 @@ pub(super) async fn save_diff<H: ProjectPages + SaveHistory, P: SandboxProvider 
         );
     };
     match host.diff(&session.user, &commit).await {
-        Diff::Text(text) => html(
-            StatusCode::OK,
-            view::diff_page(session.user.as_str(), &commit, &text),
-        ),
+        Diff::Save(diff) => {
+            let status = web.statuses.status(session.user.as_str()).await;
+            let restore = view::can_restore(status.as_ref(), web.backend.lifecycle().is_some());
+            html(
+                StatusCode::OK,
+                view::diff_page(
+                    session.user.as_str(),
+                    &web.sign_in.csrf(&session),
+                    restore,
+                    &diff,
+                ),
+            )
+        }
         Diff::Elsewhere(url) => see_other(&url),
         Diff::Missing(why) => message(StatusCode::NOT_FOUND, "No such save", &why),
         Diff::Busy => {
