@@ -404,10 +404,18 @@ fn app_with_children(
                 // Git traffic needs no database while the token revocations are fresh: the
                 // replica is degraded (syncs wait in memory), not unhealthy. Past their limit
                 // every token is refused, and the balancer should drain it.
+                // Both halves are told while degraded: the revocations' error alone would hide
+                // how many sync requests wait in memory.
                 let database = match generations.as_ref().map(|g| g.health()) {
                     Some(Err(why)) => Err(why),
-                    Some(Ok(Some(why))) => Ok(Some(why)),
-                    Some(Ok(None)) | None => Ok(jobs.as_ref().and_then(|j| j.degraded())),
+                    revocations => {
+                        let revocations = revocations.and_then(Result::ok).flatten();
+                        let syncs = jobs.as_ref().and_then(|j| j.degraded());
+                        Ok(match (revocations, syncs) {
+                            (Some(r), Some(s)) => Some(format!("{r}; {s}")),
+                            (r, s) => r.or(s),
+                        })
+                    }
                 };
                 match (health.health(), database) {
                     (Err(why), _) => (

@@ -155,8 +155,9 @@ fn trailers_are_those_git_interpret_trailers_parses() {
     let (checked, with_trailers) = (checked.get(), with_trailers.get());
     println!("RELIABILITY parser-trailers: cases={checked} with_trailers={with_trailers}");
     assert_eq!(checked, cases());
+    // About 39 % have trailers (100 ± 8 of 256 over twelve runs): a fifth is far below chance.
     assert!(
-        with_trailers * 3 >= checked,
+        with_trailers * 5 >= checked,
         "too few generated messages have trailers: {with_trailers} of {checked}"
     );
 }

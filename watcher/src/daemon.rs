@@ -24,7 +24,7 @@ use crate::manifest;
 use crate::project_dir::{self, OpenError};
 use crate::push::{Head, PushEvent, PushHandle};
 use crate::remote::RemoteSettings;
-use crate::save::{SaveError, SaveRetry, SaveWorker};
+use crate::save::{IndexOutcome, SaveError, SaveRetry, SaveWorker};
 use crate::scan;
 use crate::stage::OwnIndex;
 use crate::status::State;
@@ -34,6 +34,8 @@ use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
 /// While a git lock exists or a git command runs in the repository, how often the watcher
 /// looks again (a process ending shows in no file event; the look is a read of `/proc`).
 const PAUSE_POLL: Duration = Duration::from_secs(1);
+/// How long a stop waits for a git command holding the index before leaving it unwritten.
+const INDEX_BUSY_WAIT: Duration = Duration::from_secs(2);
 
 /// Why `watch` or `once` stopped; [`DaemonError::exit_code`] says how the process exits.
 #[derive(Debug, thiserror::Error)]
@@ -343,9 +345,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             }
             () = sleep_until(write_index_at), if write_index_at.is_some() => {
                 match saver.write_index().await {
-                    Ok(_) => {
+                    Ok(IndexOutcome::Done) => {
                         index_write.written();
                         crate::resources::release_free_memory();
+                    }
+                    Ok(IndexOutcome::Busy(pause)) => {
+                        tracing::debug!("the git index is written later: {pause}");
+                        index_write.failed();
                     }
                     Err(e @ SaveError::Gone { .. }) => {
                         gone = Some(e.into());
@@ -436,14 +442,27 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 }
 
 /// Writes the index file now (at stop, and after `once`): a failure is a warning, the saves
-/// are in the object store and the branch, and the next start corrects the index.
+/// are in the object store and the branch, and the next start corrects the index. A git
+/// command holding the index (a `git status`) is waited for a moment.
 async fn write_index_now(saver: &SaveWorker) -> Result<(), DaemonError> {
-    match saver.write_index().await {
-        Ok(_) => Ok(()),
-        Err(e @ SaveError::Gone { .. }) => Err(e.into()),
-        Err(e) => {
-            tracing::warn!("cannot write the git index; the next start corrects it: {e}");
-            Ok(())
+    let give_up = Instant::now() + INDEX_BUSY_WAIT;
+    loop {
+        match saver.write_index().await {
+            Ok(IndexOutcome::Done) => return Ok(()),
+            Ok(IndexOutcome::Busy(_)) if Instant::now() < give_up => {
+                tokio::time::sleep(INDEX_BUSY_WAIT / 20).await;
+            }
+            Ok(IndexOutcome::Busy(pause)) => {
+                tracing::warn!(
+                    "the git index is not written ({pause}); the next start corrects it"
+                );
+                return Ok(());
+            }
+            Err(e @ SaveError::Gone { .. }) => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!("cannot write the git index; the next start corrects it: {e}");
+                return Ok(());
+            }
         }
     }
 }

@@ -101,7 +101,18 @@ enum Job {
     /// The start-up pass: one walk for the watches and the first save.
     Start(Box<TreeWatcher>, oneshot::Sender<Started>),
     Save(Changes, oneshot::Sender<Result<Saved, SaveError>>),
-    WriteIndex(oneshot::Sender<Result<bool, SaveError>>),
+    WriteIndex(oneshot::Sender<Result<IndexOutcome, SaveError>>),
+}
+
+/// What a write of the index file came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum IndexOutcome {
+    /// Written, or nothing was left to write: the file is as the saves left it, or a
+    /// half-done operation of the user's git owns it and the save at its end reads theirs.
+    Done,
+    /// A git command holds a lock (a `git status` refreshing the index, say) or may move
+    /// `HEAD`: it may end without writing the index, so the write is tried again later.
+    Busy(Pause),
 }
 
 impl Saver {
@@ -147,24 +158,29 @@ impl Saver {
     }
 
     /// Writes the index file when it is behind the in-memory index.
-    fn write_index(&mut self) -> Result<bool, SaveError> {
+    fn write_index(&mut self) -> Result<IndexOutcome, SaveError> {
         if !self.stager.has_unwritten() {
-            return Ok(false);
+            return Ok(IndexOutcome::Done);
         }
         self.guarded(|saver| {
             let _lock = RepoLock::acquire(&saver.git_dir)?;
             let gits = saver.git_processes();
-            if saver.pause(&gits).is_some() {
-                // The user's git owns the index now; the next save reads theirs.
-                return Ok(false);
+            match saver.pause(&gits) {
+                Some(pause @ (Pause::Locked(_) | Pause::Command { .. })) => {
+                    return Ok(IndexOutcome::Busy(pause));
+                }
+                Some(_) => return Ok(IndexOutcome::Done),
+                None => {}
             }
             let _marker = saver.marker()?;
-            let wrote = match saver.stager.write_index(&saver.repo) {
-                Err(StageError::Unmerged { .. }) => false,
-                result => result?,
-            };
+            match saver.stager.write_index(&saver.repo) {
+                Err(StageError::Unmerged { .. }) => {}
+                result => {
+                    result?;
+                }
+            }
             saver.mark_unwritten();
-            Ok(wrote)
+            Ok(IndexOutcome::Done)
         })
     }
 
@@ -430,8 +446,8 @@ impl SaveWorker {
         answer.await.map_err(|_| died())?
     }
 
-    /// Writes the index file if the in-memory index is ahead of it; whether it wrote.
-    pub async fn write_index(&self) -> Result<bool, SaveError> {
+    /// Writes the index file if the in-memory index is ahead of it.
+    pub async fn write_index(&self) -> Result<IndexOutcome, SaveError> {
         let (reply, answer) = oneshot::channel();
         self.jobs.send(Job::WriteIndex(reply)).map_err(|_| died())?;
         answer.await.map_err(|_| died())?

@@ -1103,3 +1103,70 @@ fn the_watchers_own_index_write_is_no_change_to_save_again() {
     let (exit, logs) = watcher.stop();
     assert!(exit.success(), "{logs}");
 }
+
+/// A git command holding `index.lock` when the watcher's deferred index write comes (a
+/// `git status` refreshing the index, which an editor runs all the time) and ending without
+/// writing it: the write is tried again, so the index ends as `git add -A`'s, not with the
+/// file deleted and untracked. Each round, a `git rm --cached` that `git add -A` undoes
+/// leaves the watcher's index unwritten (its marker says so) for the 2 s of quiet it waits;
+/// the lock is made by hand then. Rounds whose write came first are counted and do not
+/// reach the case.
+#[test]
+fn an_index_write_that_meets_a_git_lock_is_tried_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = Project::local(tmp.path());
+    project.write("a.txt", "a\n");
+    let watcher = project.start(&["--no-push"], &[]);
+    project.wait_committed(&[], PATIENCE);
+    let w = &project.work;
+    let lock = w.join(".git/index.lock");
+    let unwritten = w.join(".git/project-watcher/index-unwritten");
+    let in_index = |name: &str| {
+        let out = testkit::git::git_output(w, ["ls-files", "--", name]);
+        !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+    };
+    let (mut reached, rounds) = (0, 5);
+    for round in 0..rounds {
+        let before = project.status().and_then(|s| s.head);
+        let name = format!("f{round}.txt");
+        project.write(&name, "x\n");
+        project.wait_status("the save", PATIENCE, |s| {
+            s.state == State::Idle && s.head.is_some() && s.head != before
+        });
+        assert!(in_index(&name), "a save that moves HEAD writes the index");
+        testkit::git::git(w, ["rm", "-q", "--cached", &name]);
+        until(PATIENCE, "the save of the index edit", || {
+            unwritten.exists().then_some(())
+        });
+        fs::write(&lock, "").unwrap();
+        if in_index(&name) {
+            // The write came before the lock.
+            fs::remove_file(&lock).unwrap();
+            continue;
+        }
+        reached += 1;
+        // Past the watcher's quiet time: its write meets the lock.
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(
+            !in_index(&name),
+            "round {round}: written through git's lock"
+        );
+        fs::remove_file(&lock).unwrap();
+        until(PATIENCE, "the index written once the lock is gone", || {
+            in_index(&name).then_some(())
+        });
+        let porcelain = testkit::git::git_output(w, ["status", "--porcelain"]);
+        assert_eq!(
+            String::from_utf8_lossy(&porcelain.stdout),
+            "",
+            "round {round}: git status after the save"
+        );
+    }
+    report("user-git", &format!("index_lock_rounds={reached}/{rounds}"));
+    assert!(
+        reached * 2 >= rounds,
+        "only {reached} of {rounds} rounds locked the index before the watcher's write"
+    );
+    let (exit, logs) = watcher.stop();
+    assert!(exit.success(), "{logs}");
+}
