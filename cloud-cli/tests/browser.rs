@@ -334,10 +334,17 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
         client.find(Locator::XPath(&save)).await.ok()
     })
     .await;
-    // The watcher's first save lists its file; a laptop commit lists none (git says nothing
-    // without a diff per commit, and the diff is one click away).
-    let files = text_of(&client, "#saves li:last-child .files").await;
-    assert_eq!(files.as_deref(), Some("shmastra.json"));
+    // The watcher's first save names its file once, in its subject (its kind is beside it).
+    let oldest = text_of(&client, "#saves li:last-child").await.unwrap();
+    assert_eq!(
+        text_of(&client, "#saves li:last-child .diff")
+            .await
+            .as_deref(),
+        Some("shmastra.json"),
+        "{oldest}"
+    );
+    assert_eq!(oldest.matches("shmastra.json").count(), 1, "{oldest}");
+    assert_eq!(oldest.matches("autosave").count(), 1, "{oldest}");
     screenshot(&client, &ws, "history").await;
     client
         .find(Locator::XPath(&format!(
@@ -348,8 +355,8 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
         .click()
         .await
         .unwrap();
-    let diff = text_of(&client, "#diff").await.unwrap();
-    assert!(diff.contains("a.txt") && diff.contains("+one"), "{diff}");
+    let diff = text_of(&client, ".file[data-path='a.txt']").await.unwrap();
+    assert!(diff.contains("+ one"), "{diff}");
     client.back().await.unwrap();
     wait_label(&client, "Ready").await;
     client
@@ -379,6 +386,254 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
         (tree_of(&upstream, "main").as_deref() == Some(saved_tree.as_str())).then_some(())
     })
     .await;
+    client.close().await.unwrap();
+    ws.stop();
+}
+
+/// The ids of the saves the page lists, newest first.
+async fn listed_saves(client: &Client) -> Vec<String> {
+    let v = client
+        .execute(
+            "return Array.from(document.querySelectorAll('#saves li.save')).map(function (li) { return li.dataset.commit; });",
+            vec![],
+        )
+        .await
+        .expect("read the history");
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Presses "Restore this version" on the save `commit` once it is offered, and accepts the
+/// confirmation.
+async fn restore_version(client: &Client, commit: &str) {
+    let button =
+        format!("//li[@data-commit='{commit}']//form[contains(@class,'restore-version')]//button");
+    eventually(client, "Restore this version offered", || async {
+        client
+            .find(Locator::XPath(&button))
+            .await
+            .ok()?
+            .click()
+            .await
+            .ok()
+    })
+    .await;
+    client
+        .accept_alert()
+        .await
+        .expect("a confirmation before restoring");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_is_live_one_line_per_save_and_every_restore_is_confirmed() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (_driver, client) = browser().await;
+    open_link(&client, &ws.link("alice", "15m")).await;
+    wait_label(&client, "Ready").await;
+    let upstream = ws.upstream_repo("alice");
+    eventually(&client, "the sandbox's first save pushed", || async {
+        tree_of(&upstream, "main")
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let laptop = tmp.path().join("laptop");
+    ws.laptop("alice", &laptop);
+    let first = git(&laptop, ["rev-parse", "HEAD"]).trim().to_owned();
+    // The first save appears without a reload (the page may have loaded before it was pushed).
+    record_states(&client).await;
+    eventually(&client, "the first save listed", || async {
+        listed_saves(&client).await.contains(&first).then_some(())
+    })
+    .await;
+
+    let pushed = commit_push(
+        &laptop,
+        &[(
+            "b.txt",
+            Some(
+                "bee
+",
+            ),
+        )],
+        "laptop: add b",
+    );
+    let row = format!("li[data-commit='{pushed}']");
+    eventually(&client, "the laptop's push listed", || async {
+        (listed_saves(&client).await.first() == Some(&pushed)).then_some(())
+    })
+    .await;
+    let (no_reload, _) = recorded(&client).await;
+    assert!(no_reload, "the page reloaded to show the push");
+    // Read at once: the list may be replaced between two reads.
+    let v = client
+        .execute(
+            "var li = document.querySelector(arguments[0]); var t = li.querySelector('time'); \
+             return [li.textContent, li.querySelector('.kind').textContent, t.textContent, \
+                     t.getAttribute('datetime'), t.title];",
+            vec![json!(format!("#saves {row}"))],
+        )
+        .await
+        .expect("read the row");
+    let field = |i: usize| v[i].as_str().unwrap_or_default().to_owned();
+    let (line, kind, shown, iso, hover) = (field(0), field(1), field(2), field(3), field(4));
+    assert_eq!(kind, "other", "{line}");
+    assert!(line.contains("laptop: add b"), "{line}");
+    assert!(line.contains(&pushed[..7]), "the short id: {line}");
+    assert!(line.contains("Test Author"), "the author: {line}");
+    assert!(shown.ends_with("ago") || shown == "just now", "{shown}");
+    assert!(
+        iso.ends_with('Z') && !hover.is_empty() && hover != iso,
+        "{iso} / {hover}"
+    );
+
+    // Each restore says it is done, and its save appears in the list, live.
+    for (round, to) in [&first, &pushed].into_iter().enumerate() {
+        restore_version(&client, to).await;
+        let notice = eventually(&client, "the restore's confirmation", || async {
+            text_of(&client, "#notice")
+                .await
+                .filter(|n| n.contains("Restored") && n.contains(&to[..12]))
+        })
+        .await;
+        assert!(notice.contains(&to[..12]), "{notice}");
+        eventually(&client, "the restore's save listed", || async {
+            let restores = client
+                .find_all(Locator::Css("#saves li[data-kind='restore']"))
+                .await
+                .ok()?;
+            (restores.len() == round + 1).then_some(())
+        })
+        .await;
+        wait_label(&client, "Ready").await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(ws.project("alice").join("b.txt")).unwrap(),
+        "bee\n"
+    );
+    client.close().await.unwrap();
+    ws.stop();
+}
+
+/// The texts of the elements `css` finds, read at once.
+async fn texts_of(client: &Client, css: &str) -> Vec<String> {
+    let v = client
+        .execute(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(function (e) { return e.textContent; });",
+            vec![json!(css)],
+        )
+        .await
+        .expect("read the page");
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saves_page_signs_its_lines_sums_up_a_binary_and_restores_only_one_file() {
+    let mut ws = Workspace::start(&[], |_| {});
+    let (_driver, client) = browser().await;
+    open_link(&client, &ws.link("alice", "15m")).await;
+    wait_label(&client, "Ready").await;
+    let upstream = ws.upstream_repo("alice");
+    eventually(&client, "the sandbox's first save pushed", || async {
+        tree_of(&upstream, "main")
+    })
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let laptop = tmp.path().join("laptop");
+    ws.laptop("alice", &laptop);
+    let image = "PNG\u{0}\u{1}\u{2}\u{0}binary";
+    let older = commit_push(
+        &laptop,
+        &[
+            ("a.txt", Some("one\ntwo\n")),
+            ("b.txt", Some("bee\n")),
+            ("img.bin", Some(image)),
+        ],
+        "laptop: three files",
+    );
+    let newer = commit_push(
+        &laptop,
+        &[
+            ("a.txt", Some("one\nthree\n")),
+            ("b.txt", Some("bee two\n")),
+        ],
+        "laptop: change two",
+    );
+    let project = ws.project("alice");
+    eventually(&client, "the sandbox synced", || async {
+        (std::fs::read_to_string(project.join("b.txt")).ok()? == "bee two\n").then_some(())
+    })
+    .await;
+    wait_label(&client, "Ready").await;
+
+    // The newer save: per file, its removed and added lines, each with its sign.
+    client
+        .goto(&ws.serve.url(&format!("/u/alice/saves/{newer}")))
+        .await
+        .unwrap();
+    let a = ".file[data-path='a.txt']";
+    assert_eq!(
+        texts_of(&client, &format!("{a} .del")).await,
+        vec!["− two".to_owned()]
+    );
+    assert_eq!(
+        texts_of(&client, &format!("{a} .add")).await,
+        vec!["+ three".to_owned()]
+    );
+    let page = text_of(&client, "main").await.unwrap();
+    assert!(
+        page.contains("laptop: change two") && !page.contains("Author:"),
+        "no raw header: {page}"
+    );
+
+    // The older one: the binary summed up, not dumped; then only a.txt goes back to it.
+    client
+        .goto(&ws.serve.url(&format!("/u/alice/saves/{older}")))
+        .await
+        .unwrap();
+    assert_eq!(
+        text_of(&client, ".file[data-path='img.bin'] .binary")
+            .await
+            .as_deref(),
+        Some(format!("binary file, {} bytes", image.len()).as_str())
+    );
+    client
+        .find(Locator::Css(&format!("{a} .restore-file button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .accept_alert()
+        .await
+        .expect("a confirmation before restoring a file");
+    let notice = eventually(&client, "the file's restore confirmed", || async {
+        text_of(&client, "#notice")
+            .await
+            .filter(|n| n.contains("Restored a.txt"))
+    })
+    .await;
+    assert!(notice.contains(&older[..12]), "{notice}");
+    assert_eq!(
+        std::fs::read_to_string(project.join("a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("b.txt")).unwrap(),
+        "bee two\n",
+        "only the one file went back"
+    );
     client.close().await.unwrap();
     ws.stop();
 }

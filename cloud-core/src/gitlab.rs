@@ -60,6 +60,9 @@ pub struct Commit {
     pub message: String,
     /// ISO 8601 with the committer's offset (`2026-11-30T14:05:12.000+01:00`).
     pub committed_date: String,
+    /// Who wrote it.
+    #[serde(default)]
+    pub author_name: String,
 }
 
 /// What went wrong talking to GitLab, sorted by what the caller does about it.

@@ -37,10 +37,10 @@ pub enum HostLink {
     Unavailable,
 }
 
-/// A save's diff: its text, or where it is shown.
+/// A save's diff: the diff, or where it is shown.
 pub enum Diff {
-    /// The diff itself, as `git show` prints it (cut at the page's limit).
-    Text(String),
+    /// The diff itself, per file (cut at the page's limit).
+    Save(crate::patch::SaveDiff),
     /// The host shows it at this URL.
     Elsewhere(String),
     /// There is no such save, or it cannot be read now: why.

@@ -105,6 +105,7 @@ mod duration;
 mod env_names;
 mod event;
 mod host;
+mod patch;
 mod project_path;
 mod status;
 mod user;

@@ -393,6 +393,7 @@ fn app_with_children(
     if let Some(store) = &shared.store {
         proxy.recent_pushes().attach_store(store.clone());
     }
+    proxy.recent_pushes().listen(page.on_saved);
     let health = proxy.clone();
     let jobs = shared.jobs.clone();
     let generations = shared.generations.clone();

@@ -20,6 +20,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "env_names",
             "event",
             "host",
+            "patch",
             "project_path",
             "status",
             "user",

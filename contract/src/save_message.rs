@@ -175,6 +175,16 @@ pub fn listed_files(message: &str) -> Vec<String> {
     }
 }
 
+/// A subject without the `<kind>: ` the watcher starts it with (`autosave: a.ts` is `a.ts`),
+/// so a view that shows the kind does not say it twice; any other subject as it is.
+pub fn subject_without_kind(subject: &str, kind: SaveKind) -> &str {
+    subject
+        .strip_prefix(kind.as_str())
+        .and_then(|rest| rest.strip_prefix(": "))
+        .filter(|rest| !rest.trim().is_empty())
+        .unwrap_or(subject)
+}
+
 /// `text` cut to `width` characters, keeping its start.
 fn one_line(text: &str, width: usize) -> String {
     if text.chars().count() <= width {
@@ -187,6 +197,23 @@ fn one_line(text: &str, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subject_loses_only_its_own_kind() {
+        assert_eq!(
+            subject_without_kind("autosave: a.ts, b.ts", SaveKind::Autosave),
+            "a.ts, b.ts"
+        );
+        assert_eq!(
+            subject_without_kind("backup: before sync", SaveKind::Autosave),
+            "backup: before sync"
+        );
+        assert_eq!(
+            subject_without_kind("autosave: ", SaveKind::Autosave),
+            "autosave: "
+        );
+        assert_eq!(subject_without_kind("fix it", SaveKind::Other), "fix it");
+    }
 
     fn paths(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("src/tools/f{i}")).collect()

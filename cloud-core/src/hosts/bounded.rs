@@ -7,6 +7,8 @@ use std::process::Stdio;
 use tokio::io::AsyncReadExt as _;
 use tokio::process::Command;
 
+use crate::orchestrate::history::LoggedCommit;
+
 /// The most of a diff the page shows.
 pub(super) const MAX_DIFF_BYTES: usize = 1 << 20;
 /// Of each message in the history: its first and its last this many bytes.
@@ -14,6 +16,8 @@ pub(super) const MESSAGE_HEAD: usize = 16 << 10;
 pub(super) const MESSAGE_TAIL: usize = 16 << 10;
 /// The most of `git log`'s output read for one history (past it, the records read so far).
 pub(super) const MAX_HISTORY_BYTES: usize = 64 << 20;
+/// The most of an author's name kept.
+const MAX_AUTHOR: usize = 256;
 
 /// What a capped run printed.
 pub(super) struct Capped {
@@ -69,7 +73,7 @@ pub(super) async fn output_capped(mut command: Command, limit: usize) -> std::io
 /// without its separator is left out); and whether git failed or was stopped.
 pub(super) async fn log_records(
     mut command: Command,
-) -> std::io::Result<(Vec<(String, String, String)>, bool)> {
+) -> std::io::Result<(Vec<LoggedCommit>, bool)> {
     command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -99,11 +103,12 @@ pub(super) async fn log_records(
 /// The record being read, bounded.
 #[derive(Default)]
 struct Records {
-    done: Vec<(String, String, String)>,
-    /// Which field of the record: 0 id, 1 time, 2 message.
+    done: Vec<LoggedCommit>,
+    /// Which field of the record: 0 id, 1 time, 2 author, 3 message.
     field: usize,
     id: Vec<u8>,
     time: Vec<u8>,
+    author: Vec<u8>,
     head: Vec<u8>,
     /// The last bytes of the message past its head, as a ring.
     tail: std::collections::VecDeque<u8>,
@@ -115,10 +120,11 @@ impl Records {
         for &b in bytes {
             match (self.field, b) {
                 (_, 0x1e) => self.end_record(),
-                (0 | 1, 0) => self.field += 1,
+                (0..=2, 0) => self.field += 1,
                 (0, b) if self.id.len() < 64 => self.id.push(b),
                 (1, b) if self.time.len() < 64 => self.time.push(b),
-                (0 | 1, _) => {}
+                (2, b) if self.author.len() < MAX_AUTHOR => self.author.push(b),
+                (0..=2, _) => {}
                 (_, b) if self.head.len() < MESSAGE_HEAD => self.head.push(b),
                 (_, b) => {
                     if self.tail.len() == MESSAGE_TAIL {
@@ -135,17 +141,18 @@ impl Records {
         let id = String::from_utf8_lossy(&self.id)
             .trim_start_matches('\n')
             .to_owned();
-        if self.field == 2 && !id.is_empty() {
+        if self.field == 3 && !id.is_empty() {
             let mut message = std::mem::take(&mut self.head);
             if self.dropped {
                 message.extend_from_slice("\n…\n".as_bytes());
             }
             message.extend(self.tail.drain(..));
-            self.done.push((
+            self.done.push(LoggedCommit {
                 id,
-                String::from_utf8_lossy(&self.time).into_owned(),
-                String::from_utf8_lossy(&message).into_owned(),
-            ));
+                time: String::from_utf8_lossy(&self.time).into_owned(),
+                author: String::from_utf8_lossy(&self.author).into_owned(),
+                message: String::from_utf8_lossy(&message).into_owned(),
+            });
         }
         *self = Records {
             done: std::mem::take(&mut self.done),
@@ -165,7 +172,7 @@ mod tests {
             + &"t".repeat(MESSAGE_TAIL + 10)
             + "\n\nSave-kind: autosave";
         let text = format!(
-            "a1\x002024-01-01T00:00:00Z\x00short\n\x1e\nb2\x002024-01-02T00:00:00Z\x00{long}\x1e"
+            "a1\x002024-01-01T00:00:00Z\x00Ann\x00short\n\x1e\nb2\x002024-01-02T00:00:00Z\x00Bo\x00{long}\x1e"
         );
         // Fed in pieces that split fields and records.
         for piece in text.as_bytes().chunks(7) {
@@ -174,10 +181,20 @@ mod tests {
         assert_eq!(records.done.len(), 2);
         assert_eq!(
             records.done[0],
-            ("a1".into(), "2024-01-01T00:00:00Z".into(), "short\n".into())
+            LoggedCommit {
+                id: "a1".into(),
+                time: "2024-01-01T00:00:00Z".into(),
+                author: "Ann".into(),
+                message: "short\n".into()
+            }
         );
-        let (id, _, message) = &records.done[1];
-        assert_eq!(id, "b2");
+        let LoggedCommit {
+            id,
+            author,
+            message,
+            ..
+        } = &records.done[1];
+        assert_eq!((id.as_str(), author.as_str()), ("b2", "Bo"));
         assert!(
             message.len() <= MESSAGE_HEAD + MESSAGE_TAIL + 8,
             "{}",

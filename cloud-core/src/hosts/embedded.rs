@@ -22,7 +22,8 @@ use super::bounded;
 use crate::admission::Admission;
 use crate::host::{Diff, HostLink, ProjectHost, ProjectPages};
 use crate::http_backend::{self, Children};
-use crate::orchestrate::history::{HistoryError, SaveHistory};
+use crate::orchestrate::history::{HistoryError, LoggedCommit, SaveHistory};
+use crate::patch;
 use crate::proxy::upstream::{Upstream, UpstreamError, UpstreamRequest};
 use crate::user::UserId;
 
@@ -212,7 +213,7 @@ impl SaveHistory for EmbeddedUpstream {
         &self,
         user: &UserId,
         limit: usize,
-    ) -> Result<Vec<(String, String, String)>, HistoryError> {
+    ) -> Result<Vec<LoggedCommit>, HistoryError> {
         let dir = self.repo_dir(user);
         if !dir.join("HEAD").exists() {
             return Ok(Vec::new());
@@ -232,7 +233,7 @@ impl SaveHistory for EmbeddedUpstream {
             "--branches",
             "--date-order",
             &format!("--max-count={limit}"),
-            "--format=%H%x00%cI%x00%B%x1e",
+            "--format=%H%x00%cI%x00%an%x00%B%x1e",
             "--",
         ]);
         // A repository without any branch yet lists nothing and succeeds.
@@ -309,21 +310,55 @@ impl ProjectPages for EmbeddedUpstream {
         HostLink::CloneHere
     }
 
-    /// `git show` of the save, read up to 1 MiB (git is stopped there).
+    /// `git show` of the save, read up to 1 MiB (git is stopped there), per file; each
+    /// binary's size in the save from `git ls-tree`.
     async fn diff(&self, user: &UserId, commit: &str) -> Diff {
         let Ok(_slot) = self.page_git.admit(user) else {
             return Diff::Busy;
         };
-        let mut show = page_git(&self.repo_dir(user));
-        show.args(["show", "--stat", "--patch", "--format=fuller", commit, "--"]);
-        match bounded::output_capped(show, bounded::MAX_DIFF_BYTES).await {
-            Ok(out) if out.cut => {
-                let mut text = String::from_utf8_lossy(&out.bytes).into_owned();
-                text.push_str("\n… (the diff goes on: the page shows its first 1 MiB)\n");
-                Diff::Text(text)
+        let dir = self.repo_dir(user);
+        let mut show = page_git(&dir);
+        show.args(patch::SHOW_ARGS).args([commit, "--"]);
+        let mut diff = match bounded::output_capped(show, bounded::MAX_DIFF_BYTES).await {
+            Ok(out) if out.cut || out.success => patch::parse(&out.bytes, out.cut),
+            _ => return Diff::Missing(format!("no save {commit} in this project")),
+        };
+        let binaries: Vec<String> = diff
+            .files
+            .iter()
+            .filter(|f| f.binary.is_some() && f.change != patch::Change::Deleted)
+            .map(|f| f.path.clone())
+            .take(MAX_SIZED_BINARIES)
+            .collect();
+        if !binaries.is_empty() {
+            let mut tree = page_git(&dir);
+            tree.args(["ls-tree", "-l", "-z", "--full-tree", commit, "--"])
+                .args(&binaries);
+            if let Ok(out) = bounded::output_capped(tree, bounded::MAX_DIFF_BYTES).await {
+                for (path, size) in tree_sizes(&out.bytes) {
+                    if let Some(file) = diff.files.iter_mut().find(|f| f.path == path) {
+                        file.binary = Some(Some(size));
+                    }
+                }
             }
-            Ok(out) if out.success => Diff::Text(String::from_utf8_lossy(&out.bytes).into_owned()),
-            _ => Diff::Missing(format!("no save {commit} in this project")),
         }
+        Diff::Save(diff)
     }
+}
+
+/// The most binaries of one save whose size the page shows.
+const MAX_SIZED_BINARIES: usize = 64;
+
+/// `(path, size)` of each blob `git ls-tree -l -z` lists (`<mode> blob <id> <size>\t<path>`).
+fn tree_sizes(bytes: &[u8]) -> Vec<(String, u64)> {
+    String::from_utf8_lossy(bytes)
+        .split('\0')
+        .filter_map(|entry| {
+            let (meta, path) = entry.split_once('\t')?;
+            let mut meta = meta.split_whitespace();
+            (meta.nth(1)? == "blob").then_some(())?;
+            let size = meta.nth(1)?.parse().ok()?;
+            Some((path.to_owned(), size))
+        })
+        .collect()
 }

@@ -6,7 +6,7 @@ use futures_util::future::BoxFuture;
 
 use crate::gitlab::{GitLab, GitLabError};
 use crate::host::{Diff, HostLink, ProjectHost, ProjectPages};
-use crate::orchestrate::history::{HistoryError, SaveHistory};
+use crate::orchestrate::history::{HistoryError, LoggedCommit, SaveHistory};
 use crate::proxy::upstream::{CREDENTIAL_RETRY, RepoLocator, UpstreamError};
 use crate::user::UserId;
 use crate::webhook::GroupPath;
@@ -28,11 +28,16 @@ impl SaveHistory for GitLab {
         &self,
         user: &UserId,
         limit: usize,
-    ) -> Result<Vec<(String, String, String)>, HistoryError> {
+    ) -> Result<Vec<LoggedCommit>, HistoryError> {
         Ok(GitLab::recent_commits(self, user, limit)
             .await?
             .into_iter()
-            .map(|c| (c.id, c.committed_date, c.message))
+            .map(|c| LoggedCommit {
+                id: c.id,
+                time: c.committed_date,
+                author: c.author_name,
+                message: c.message,
+            })
             .collect())
     }
 

@@ -33,8 +33,12 @@ pub struct Save {
     pub time: String,
     /// What made it.
     pub kind: SaveKind,
-    /// The subject line (at most 300 characters, then `…`).
+    /// The subject line without the `<kind>: ` the watcher starts it with (the kind is
+    /// [`Save::kind`]), at most 300 characters, then `…`.
     pub subject: String,
+    /// Who made it (the commit's author name, at most 300 characters).
+    #[serde(default)]
+    pub author: String,
     /// The paths the save changed, as the watcher lists them in its message body (at most 20,
     /// then `... and N more`); empty for a commit the watcher did not make.
     #[serde(default)]
@@ -63,16 +67,28 @@ pub enum HistoryError {
     BadTime(String),
 }
 
+/// One commit as a host lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedCommit {
+    /// The full commit id.
+    pub id: String,
+    /// The commit time, ISO 8601.
+    pub time: String,
+    /// The author's name.
+    pub author: String,
+    /// The whole message, trailers included.
+    pub message: String,
+}
+
 /// Where saves are read from: implemented by GitLab and by the embedded upstream (both in
 /// `hosts/`).
 pub trait SaveHistory: Send + Sync {
-    /// The newest `limit` commits of `user`'s project, newest first: `(id, ISO 8601 time,
-    /// message)`.
+    /// The newest `limit` commits of `user`'s project, newest first.
     fn recent_commits(
         &self,
         user: &UserId,
         limit: usize,
-    ) -> impl Future<Output = Result<Vec<(String, String, String)>, HistoryError>> + Send;
+    ) -> impl Future<Output = Result<Vec<LoggedCommit>, HistoryError>> + Send;
 
     /// The bytes of `path` on the saved branch (`main`), `None` when the user has no project,
     /// no saved branch, or no such file there. Never creates anything.
@@ -154,19 +170,28 @@ impl<H: ProjectHost + SaveHistory> Orchestrator<H> {
             .recent_commits(user, limit)
             .await?
             .into_iter()
-            .map(|(commit, time, message)| {
+            .map(|commit| {
+                let LoggedCommit {
+                    id,
+                    time,
+                    author,
+                    message,
+                } = commit;
+                let kind = save_message::classify(&message).unwrap_or(SaveKind::Other);
+                let line = message.lines().next().unwrap_or_default();
                 Ok(Save {
                     time: utc(&time).ok_or_else(|| HistoryError::BadTime(clipped(&time, 64)))?,
-                    kind: save_message::classify(&message).unwrap_or(SaveKind::Other),
+                    kind,
                     files: save_message::listed_files(&message)
                         .iter()
                         .map(|file| clipped(file, MAX_SHOWN_PATH))
                         .collect(),
                     subject: clipped(
-                        message.lines().next().unwrap_or_default(),
+                        save_message::subject_without_kind(line, kind),
                         MAX_SHOWN_SUBJECT,
                     ),
-                    commit: clipped(&commit, 64),
+                    author: clipped(&author, MAX_SHOWN_SUBJECT),
+                    commit: clipped(&id, 64),
                 })
             })
             .collect()

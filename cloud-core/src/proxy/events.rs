@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::event::ExternalPush;
+use crate::event::{ExternalPush, OnExternalPush};
 use crate::store::Store;
 use crate::user::UserId;
 
@@ -21,6 +21,8 @@ const REMEMBERED_PER_USER: usize = 64;
 pub struct RecentPushes {
     seen: Mutex<HashMap<UserId, VecDeque<(String, String)>>>,
     store: OnceLock<Arc<dyn Store>>,
+    /// Told of every update recorded (the workspace page's live history).
+    listener: OnceLock<OnExternalPush>,
 }
 
 impl RecentPushes {
@@ -29,8 +31,17 @@ impl RecentPushes {
         let _ = self.store.set(store);
     }
 
-    /// Remembers `push` here at once and, in the background, in the attached store.
+    /// Tells `listener` of every update recorded from now on (the first listener stays).
+    pub(crate) fn listen(&self, listener: OnExternalPush) {
+        let _ = self.listener.set(listener);
+    }
+
+    /// Remembers `push` here at once and, in the background, in the attached store; tells
+    /// the listener.
     pub(crate) fn record(&self, push: ExternalPush) {
+        if let Some(listener) = self.listener.get() {
+            listener(push.clone());
+        }
         if let Some(store) = self.store.get() {
             let (store, push) = (store.clone(), push.clone());
             tokio::spawn(async move {

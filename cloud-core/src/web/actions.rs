@@ -56,7 +56,57 @@ pub(super) async fn restore_version<H: ProjectPages + SaveHistory, P: SandboxPro
             "Your sandbox is not up on this server: an earlier version can be restored once it is.",
         );
     }
-    web.restore_in_background(session.user, form.commit);
+    web.restore_in_background(session.user, form.commit, Vec::new());
+    see_other(&page)
+}
+
+#[derive(serde::Deserialize)]
+pub(super) struct RestoreFileForm {
+    csrf: Option<String>,
+    commit: String,
+    path: String,
+}
+
+impl CsrfForm for RestoreFileForm {
+    fn csrf(&self) -> Option<&str> {
+        self.csrf.as_deref()
+    }
+}
+
+/// The longest path "Restore only this file" sends.
+const MAX_RESTORED_PATH: usize = 4096;
+
+/// "Restore only this file" on a save's page: that file as it was in the save, as a new save,
+/// in the background (`restore --at <commit> --path <path>`: the watcher refuses a path outside
+/// the project). Back to the workspace page, which says how it went.
+pub(super) async fn restore_file<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static>(
+    State(web): State<Arc<Web<H, P>>>,
+    Posted { session, form }: Posted<RestoreFileForm>,
+) -> Response {
+    if !is_commit_id(&form.commit) {
+        return message(
+            StatusCode::BAD_REQUEST,
+            "Not a save",
+            "That is not a save id.",
+        );
+    }
+    if form.path.is_empty() || form.path.len() > MAX_RESTORED_PATH || form.path.contains('\0') {
+        return message(
+            StatusCode::BAD_REQUEST,
+            "Not a file",
+            "That is not a file of the save.",
+        );
+    }
+    let status = web.statuses.status(session.user.as_str()).await;
+    if !view::can_restore(status.as_ref(), web.backend.lifecycle().is_some()) {
+        return message(
+            StatusCode::CONFLICT,
+            "Not now",
+            "Your sandbox is not up on this server: a file can be restored once it is.",
+        );
+    }
+    let page = format!("/u/{}", session.user);
+    web.restore_in_background(session.user, form.commit, vec![form.path]);
     see_other(&page)
 }
 

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::Web;
 use super::flash::Flash;
+use super::{PageEvent, Web};
 use crate::host::ProjectPages;
 use crate::orchestrate::OrchestrateError;
 use crate::orchestrate::history::{RestoreToError, RestoredTo, SaveHistory};
@@ -101,25 +101,34 @@ impl<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static> Web<H, P> {
         }
     }
 
-    /// Restores the user's sandbox to `commit` in the background; the next page load says how
-    /// it went.
-    pub(super) fn restore_in_background(self: Arc<Self>, user: UserId, commit: String) {
+    /// Restores the user's sandbox (only `paths`, when given) to `commit` in the background;
+    /// the user's open page, else their next page load, says how it went.
+    pub(super) fn restore_in_background(
+        self: Arc<Self>,
+        user: UserId,
+        commit: String,
+        paths: Vec<String>,
+    ) {
         tokio::spawn(async move {
             if self.backend.lifecycle().is_none() {
                 return;
             }
             let outcome = self
-                .restore_to(&user, &commit, &[])
+                .restore_to(&user, &commit, &paths)
                 .await
                 .map(|done| done.from);
-            let notice = match outcome {
-                Ok(from) => format!("Restored the version {}.", &from[..from.len().min(12)]),
-                Err(e) => {
+            let notice = match (outcome, paths.as_slice()) {
+                (Ok(from), [path]) => {
+                    format!("Restored {path} as in {}.", &from[..from.len().min(12)])
+                }
+                (Ok(from), _) => format!("Restored the version {}.", &from[..from.len().min(12)]),
+                (Err(e), _) => {
                     tracing::warn!(user = %user, error = %e, "restore to an earlier save failed");
                     e.to_string()
                 }
             };
-            self.flashes.put(&user, Flash::notice(notice));
+            self.flashes.put(&user, Flash::notice(notice.clone()));
+            let _ = self.page_events.send(PageEvent::Notice(user, notice));
         });
     }
 }

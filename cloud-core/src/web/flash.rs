@@ -38,6 +38,29 @@ impl Flashes {
             .unwrap_or_default()
     }
 
+    /// Takes the user's flash when it is a notice alone: its text.
+    pub fn take_notice_alone(&self, user: &UserId) -> Option<String> {
+        let mut flashes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let text = flashes
+            .get(user)
+            .filter(|f| f.problems.is_empty())
+            .and_then(|f| f.notice.clone())?;
+        flashes.remove(user);
+        Some(text)
+    }
+
+    /// Takes the user's flash when it is the notice `text` alone; whether it was.
+    pub fn take_notice(&self, user: &UserId, text: &str) -> bool {
+        let mut flashes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let only_that = flashes
+            .get(user)
+            .is_some_and(|f| f.notice.as_deref() == Some(text) && f.problems.is_empty());
+        if only_that {
+            flashes.remove(user);
+        }
+        only_that
+    }
+
     /// Replaces the user's flash.
     pub fn put(&self, user: &UserId, flash: Flash) {
         self.0

@@ -7,7 +7,7 @@
 //! sends one, an `Origin` equal to the server's):
 //! `GET /login?t=LINK`, `POST /login`, `GET /`, `GET /u/<user>`, `GET /u/<user>/events`,
 //! `GET /u/<user>/history`, `GET /u/<user>/saves/<commit>`, `POST /u/<user>/restore-version`,
-//! `POST /u/<user>/restore-project`, `POST /u/<user>/sign-out`, `GET /static/page.js`,
+//! `POST /u/<user>/restore-file`, `POST /u/<user>/restore-project`, `POST /u/<user>/sign-out`, `GET /static/page.js`,
 //! `GET /static/page.css`.
 //!
 //! This module wires them; `session` checks who asks, `pages` and `actions` answer,
@@ -155,6 +155,25 @@ struct Web<H, P> {
     streams: Arc<Admission>,
     stream_idle: std::time::Duration,
     histories: history_cache::HistoryCache,
+    /// What the open pages are told besides the status.
+    page_events: tokio::sync::broadcast::Sender<PageEvent>,
+}
+
+/// What an open page is told besides its status, over its event stream.
+#[derive(Debug, Clone)]
+enum PageEvent {
+    /// The user's history changed (a branch of their project moved): the page lists it again.
+    Saved(UserId),
+    /// A notice for the user (how a restore went).
+    Notice(UserId, String),
+}
+
+impl PageEvent {
+    fn user(&self) -> &UserId {
+        match self {
+            PageEvent::Saved(user) | PageEvent::Notice(user, _) => user,
+        }
+    }
 }
 
 /// The page's routes, what an external push does to a sandbox here, and the sandboxes to stop
@@ -167,6 +186,9 @@ pub struct Workspace {
     /// What an external push does here: the user's history is read again, and their sandbox
     /// synced when sandboxes run from here.
     pub on_push: OnExternalPush,
+    /// What any push does here, the watcher's too: the user's history is read again and
+    /// their open pages list it again.
+    pub on_saved: OnExternalPush,
     /// Sandboxes on this machine, whose watchers serve stops at shutdown.
     pub sandboxes: Option<LocalSandboxes>,
 }
@@ -331,12 +353,17 @@ pub fn workspace_with<H: ProjectPages + SaveHistory, P: SandboxProvider + 'stati
         )),
         stream_idle: config.event_streams.idle,
         histories: history_cache::HistoryCache::default(),
+        page_events: tokio::sync::broadcast::channel(64).0,
     });
+    let on_saved = {
+        let web = web.clone();
+        Arc::new(move |push: ExternalPush| web.saved(&push.user)) as OnExternalPush
+    };
     let on_push = {
         let web = web.clone();
         let syncs = has_sandboxes;
         Arc::new(move |push: ExternalPush| {
-            web.histories.forget(&push.user);
+            web.saved(&push.user);
             if syncs {
                 let web = web.clone();
                 tokio::spawn(async move { web.sync_after_push(push.user).await });
@@ -384,6 +411,10 @@ pub fn workspace_with<H: ProjectPages + SaveHistory, P: SandboxProvider + 'stati
             post(actions::restore_version::<H, P>),
         )
         .route(
+            "/u/{user}/restore-file",
+            post(actions::restore_file::<H, P>),
+        )
+        .route(
             "/u/{user}/restore-project",
             post(actions::restore_project::<H, P>),
         )
@@ -412,6 +443,7 @@ pub fn workspace_with<H: ProjectPages + SaveHistory, P: SandboxProvider + 'stati
         router,
         control: web.clone(),
         on_push,
+        on_saved,
         sandboxes: None,
     }
 }
@@ -425,6 +457,12 @@ fn loopback(listen: SocketAddr) -> SocketAddr {
 }
 
 impl<H, P> Web<H, P> {
+    /// The user's history changed: it is read again, and their open pages list it again.
+    fn saved(&self, user: &UserId) {
+        self.histories.forget(user);
+        let _ = self.page_events.send(PageEvent::Saved(user.clone()));
+    }
+
     /// This server's origin: the public URL's, else `http://<Host>`.
     fn origin(&self, headers: &HeaderMap) -> Option<String> {
         match &self.public_url {

@@ -1,7 +1,43 @@
-// The workspace page's only script: the status follows the server's events without a reload,
-// the history is read again after each change, and restoring a version asks first.
+// The workspace page's only script: the status and the history follow the server's events
+// without a reload, a restore's outcome is shown when it is known, times read as "3 min ago"
+// with the local time on hover, and restoring asks first.
 (function () {
   "use strict";
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var question = form.classList.contains("restore-version")
+      ? "Restore this version? Edits not saved yet are saved first, and the restore is a new save you can undo."
+      : form.classList.contains("restore-file")
+        ? "Restore only this file as it was in this save? Edits not saved yet are saved first, and the restore is a new save you can undo."
+        : null;
+    if (question !== null && !window.confirm(question)) {
+      event.preventDefault();
+    }
+  });
+
+  function ago(seconds) {
+    if (seconds < 45) { return "just now"; }
+    var minutes = Math.round(seconds / 60);
+    if (minutes < 60) { return minutes + " min ago"; }
+    var hours = Math.round(minutes / 60);
+    if (hours < 24) { return hours + (hours === 1 ? " hour ago" : " hours ago"); }
+    var days = Math.round(hours / 24);
+    return days + (days === 1 ? " day ago" : " days ago");
+  }
+
+  function localizeTimes(root) {
+    var times = root.querySelectorAll("time[datetime]");
+    for (var i = 0; i < times.length; i++) {
+      var at = new Date(times[i].getAttribute("datetime"));
+      if (isNaN(at.getTime())) { continue; }
+      times[i].title = at.toLocaleString();
+      times[i].textContent = ago(Math.max(0, (Date.now() - at.getTime()) / 1000));
+    }
+  }
+  localizeTimes(document);
+  window.setInterval(function () { localizeTimes(document); }, 30000);
+
   var main = document.getElementById("workspace");
   if (!main) {
     return;
@@ -10,20 +46,45 @@
   var status = document.getElementById("status");
   var history = document.getElementById("history");
 
+  function showNotice(text) {
+    var notice = document.getElementById("notice");
+    if (!notice) {
+      notice = document.createElement("p");
+      notice.id = "notice";
+      notice.setAttribute("role", "alert");
+      status.parentNode.insertBefore(notice, status);
+    }
+    notice.textContent = text;
+  }
+
+  // On this page a restore is sent from the page, which stays: its event stream says how it
+  // went.
   document.addEventListener("submit", function (event) {
     var form = event.target;
-    if (form.classList.contains("restore-version") &&
-        !window.confirm("Restore this version? Edits not saved yet are saved first, and the restore is a new save you can undo.")) {
-      event.preventDefault();
+    if (event.defaultPrevented || !form.classList.contains("restore-version")) {
+      return;
     }
+    event.preventDefault();
+    showNotice("Restoring…");
+    fetch(form.action, {
+      method: "POST",
+      credentials: "same-origin",
+      redirect: "manual",
+      headers: { "Content-Type": "application/x-www-form-urlencoded" },
+      body: new URLSearchParams(new FormData(form)).toString()
+    }).then(function (response) {
+      if (response.type === "opaqueredirect" || response.ok) {
+        return;
+      }
+      return response.text().then(function (html) {
+        var page = new DOMParser().parseFromString(html, "text/html");
+        var why = page.getElementById("message");
+        showNotice(why ? why.textContent : "The restore was refused.");
+      });
+    }).catch(function () {
+      showNotice("The restore could not be sent: check your connection and try again.");
+    });
   });
-
-  function refreshHistory() {
-    fetch(base + "/history", { credentials: "same-origin", cache: "no-store" })
-      .then(function (response) { return response.ok ? response.text() : null; })
-      .then(function (html) { if (html !== null) { history.innerHTML = html; } })
-      .catch(function () {});
-  }
 
   var events = new EventSource(base + "/events");
   events.addEventListener("status", function (event) {
@@ -39,6 +100,12 @@
       return;
     }
     status.innerHTML = event.data;
-    refreshHistory();
+  });
+  events.addEventListener("history", function (event) {
+    history.innerHTML = event.data;
+    localizeTimes(history);
+  });
+  events.addEventListener("notice", function (event) {
+    showNotice(event.data);
   });
 })();

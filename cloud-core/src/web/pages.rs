@@ -11,11 +11,13 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 
-use super::Web;
+use tokio::sync::broadcast::error::RecvError;
+
 use super::respond::{html, message, see_other};
 use super::session::{COOKIE, Owner, SIGN_IN_OFF, SignedIn};
 use super::signin::{self, LinkError};
 use super::view::{self, PageData, ProjectLink};
+use super::{PageEvent, Web};
 use crate::admission::Busy;
 use crate::host::{Diff, HostLink, ProjectPages};
 use crate::orchestrate::history::{HistoryError, Save, SaveHistory};
@@ -187,52 +189,111 @@ pub(super) async fn events<H: ProjectPages + SaveHistory, P: SandboxProvider + '
         }
     };
     let changes = web.statuses.subscribe();
+    let page_events = web.page_events.subscribe();
     let csrf = web.sign_in.csrf(&session);
     let idle = web.stream_idle;
-    let render = {
-        let web = web.clone();
-        let user = session.user.clone();
-        move || {
-            let (web, user, csrf) = (web.clone(), user.clone(), csrf.clone());
-            async move {
-                let status = web.statuses.status(user.as_str()).await;
-                Ok::<_, Infallible>(Event::default().event("status").data(view::to_event_data(
-                    view::status_fragment(
-                        user.as_str(),
-                        &csrf,
-                        status.as_ref(),
-                        web.backend.lifecycle().is_some(),
-                        &[],
-                    ),
-                )))
-            }
-        }
+    let render = || Render {
+        web: web.clone(),
+        user: session.user.clone(),
+        csrf: csrf.clone(),
     };
-    let first = stream::once(render());
-    let user = session.user.to_string();
+    // A notice that came before this stream did (a restore done while the page loaded)
+    // comes first; later ones come over `page_events`, subscribed to above.
+    let first = {
+        let render = render();
+        stream::once(async move {
+            let mut events = vec![render.status().await];
+            if let Some(text) = render.web.flashes.take_notice_alone(&render.user) {
+                events.push(Ok(Event::default().event("notice").data(text)));
+            }
+            stream::iter(events)
+        })
+        .flatten()
+    };
+    let render = render();
+    let user = session.user.clone();
     // The slot travels with the stream and is freed when the client goes or the stream ends.
     let later = stream::unfold(
-        (changes, render, user, slot),
-        move |(mut changes, render, user, slot)| async move {
+        (changes, page_events, render, user, slot),
+        move |(mut changes, mut page_events, render, user, slot)| async move {
             // Other users' changes do not keep this stream alive.
             let deadline = tokio::time::Instant::now() + idle;
             loop {
-                match tokio::time::timeout_at(deadline, changes.recv()).await {
-                    Err(_) => return None,
-                    Ok(Ok(change)) if change.sandbox != user => continue,
-                    // Behind: the latest status is all the page needs.
-                    Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
-                        let event = render().await;
-                        return Some((event, (changes, render, user, slot)));
-                    }
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
-                }
+                let events = tokio::select! {
+                    change = tokio::time::timeout_at(deadline, changes.recv()) => match change {
+                        Err(_) => return None,
+                        Ok(Ok(change)) if change.sandbox != user.as_str() => continue,
+                        // Behind: the latest status is all the page needs. A status change may
+                        // come with saves (a sync, a restore): the history goes with it.
+                        Ok(Ok(_)) | Ok(Err(RecvError::Lagged(_))) => {
+                            vec![render.status().await, render.history().await]
+                        }
+                        Ok(Err(RecvError::Closed)) => return None,
+                    },
+                    event = page_events.recv() => match event {
+                        Ok(event) if event.user() != &user => continue,
+                        Ok(PageEvent::Saved(_)) | Err(RecvError::Lagged(_)) => {
+                            vec![render.history().await]
+                        }
+                        Ok(PageEvent::Notice(_, text)) => {
+                            // The page shows it now, so the next load does not show it again;
+                            // another of the user's pages may have taken it first.
+                            if !render.web.flashes.take_notice(&user, &text) {
+                                continue;
+                            }
+                            vec![Ok(Event::default().event("notice").data(text))]
+                        }
+                        Err(RecvError::Closed) => return None,
+                    },
+                };
+                return Some((
+                    stream::iter(events),
+                    (changes, page_events, render, user, slot),
+                ));
             }
         },
-    );
+    )
+    .flatten();
     Sse::new(first.chain(later))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
+}
+
+/// What an event stream renders for its user.
+struct Render<H, P> {
+    web: Arc<Web<H, P>>,
+    user: UserId,
+    csrf: String,
+}
+
+impl<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static> Render<H, P> {
+    /// The `status` event: the status fragment.
+    async fn status(&self) -> Result<Event, Infallible> {
+        let status = self.web.statuses.status(self.user.as_str()).await;
+        Ok(Event::default()
+            .event("status")
+            .data(view::to_event_data(view::status_fragment(
+                self.user.as_str(),
+                &self.csrf,
+                status.as_ref(),
+                self.web.backend.lifecycle().is_some(),
+                &[],
+            ))))
+    }
+
+    /// The `history` event: the history fragment.
+    async fn history(&self) -> Result<Event, Infallible> {
+        let saves = self.web.history_of(&self.user).await;
+        let status = self.web.statuses.status(self.user.as_str()).await;
+        Ok(Event::default()
+            .event("history")
+            .data(view::to_event_data(view::history_fragment(
+                self.user.as_str(),
+                &self.csrf,
+                &saves,
+                view::can_restore(status.as_ref(), self.web.backend.lifecycle().is_some()),
+            ))))
+    }
 }
 
 pub(super) async fn history<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static>(
@@ -278,10 +339,19 @@ pub(super) async fn save_diff<H: ProjectPages + SaveHistory, P: SandboxProvider 
         );
     };
     match host.diff(&session.user, &commit).await {
-        Diff::Text(text) => html(
-            StatusCode::OK,
-            view::diff_page(session.user.as_str(), &commit, &text),
-        ),
+        Diff::Save(diff) => {
+            let status = web.statuses.status(session.user.as_str()).await;
+            let restore = view::can_restore(status.as_ref(), web.backend.lifecycle().is_some());
+            html(
+                StatusCode::OK,
+                view::diff_page(
+                    session.user.as_str(),
+                    &web.sign_in.csrf(&session),
+                    restore,
+                    &diff,
+                ),
+            )
+        }
         Diff::Elsewhere(url) => see_other(&url),
         Diff::Missing(why) => message(StatusCode::NOT_FOUND, "No such save", &why),
         Diff::Busy => {

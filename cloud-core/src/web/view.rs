@@ -5,6 +5,7 @@
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use crate::orchestrate::history::Save;
+use crate::patch::{Change, FileDiff, Line, LineKind, SaveDiff};
 use crate::secrets::FormProblem;
 use crate::status::{ProvisionStep, SandboxStatus};
 
@@ -284,24 +285,7 @@ pub fn history_fragment(
             Ok(saves) => {
                 ol #saves {
                     @for save in saves {
-                        li .save data-commit=(save.commit) {
-                            time datetime=(save.time) { (save.time) }
-                            " "
-                            span .kind { (save.kind.as_str()) }
-                            " "
-                            a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
-                            @if !save.files.is_empty() {
-                                " "
-                                span .files { (save.files.join(", ")) }
-                            }
-                            @if can_restore {
-                                form .restore-version method="post" action={"/u/" (user) "/restore-version"} {
-                                    input type="hidden" name="csrf" value=(csrf);
-                                    input type="hidden" name="commit" value=(save.commit);
-                                    button type="submit" { "Restore this version" }
-                                }
-                            }
-                        }
+                        (save_row(user, csrf, save, can_restore))
                     }
                 }
             }
@@ -309,22 +293,141 @@ pub fn history_fragment(
     }
 }
 
-/// One save's diff (`git show`'s text).
-pub fn diff_page(user: &str, commit: &str, text: &str) -> Markup {
+/// The first characters of a commit id, as git's short ids.
+fn short_id(commit: &str) -> &str {
+    commit.get(..7).unwrap_or(commit)
+}
+
+/// One line per save: kind, subject (opening the diff), short id, author, time (the page's
+/// script makes it relative, with the local time on hover), the files when the subject does
+/// not already name them, and "Restore this version".
+fn save_row(user: &str, csrf: &str, save: &Save, can_restore: bool) -> Markup {
+    let files = save.files.join(", ");
+    html! {
+        li .save data-commit=(save.commit) data-kind=(save.kind.as_str()) {
+            span .kind { (save.kind.as_str()) }
+            " "
+            a .diff href={"/u/" (user) "/saves/" (save.commit)} { (save.subject) }
+            " "
+            code .short-id { (short_id(&save.commit)) }
+            @if !save.author.is_empty() {
+                " by "
+                span .author { (save.author) }
+            }
+            " "
+            time datetime=(save.time) title=(save.time) { (save.time) }
+            @if !files.is_empty() && files != save.subject {
+                " "
+                span .files { (files) }
+            }
+            @if can_restore {
+                " "
+                (restore_version_form(user, csrf, &save.commit))
+            }
+        }
+    }
+}
+
+fn restore_version_form(user: &str, csrf: &str, commit: &str) -> Markup {
+    html! {
+        form .restore-version method="post" action={"/u/" (user) "/restore-version"} {
+            input type="hidden" name="csrf" value=(csrf);
+            input type="hidden" name="commit" value=(commit);
+            button type="submit" { "Restore this version" }
+        }
+    }
+}
+
+/// A save's page: who made it and when, then each file it changed: what happened to it, its
+/// added and removed lines (a sign and a colour each), a binary's size, a large file folded;
+/// "Restore this version", and "Restore only this file" for each file the save has, when
+/// `can_restore`.
+pub fn diff_page(user: &str, csrf: &str, can_restore: bool, diff: &SaveDiff) -> Markup {
     layout(
         "A save",
         html! {
-            main {
+            main #save data-commit=(diff.commit) {
                 p { a href={"/u/" (user)} { "← back to the workspace" } }
-                h1 { "Save " code { (commit.get(..12).unwrap_or(commit)) } }
-                pre #diff { (text) }
+                h1 { (diff.subject) }
+                p .save-meta {
+                    code .short-id { (short_id(&diff.commit)) }
+                    @if !diff.author.is_empty() { " by " span .author { (diff.author) } }
+                    " "
+                    time datetime=(diff.time) title=(diff.time) { (diff.time) }
+                }
+                @if can_restore {
+                    (restore_version_form(user, csrf, &diff.commit))
+                }
+                @if diff.files.is_empty() {
+                    p { "This save changed no file." }
+                }
+                @for file in &diff.files {
+                    (file_diff(user, csrf, can_restore, &diff.commit, file))
+                }
+                @if diff.cut {
+                    p .cut { "… the diff goes on: the page shows its first 1 MiB." }
+                }
             }
+            script src="/static/page.js" {}
         },
     )
 }
 
-/// The page's script: live status over server-sent events, a confirmation before restoring a
-/// version. Served as a file so the CSP needs no inline script.
+fn file_diff(user: &str, csrf: &str, can_restore: bool, commit: &str, file: &FileDiff) -> Markup {
+    let (added, removed) = file.counts();
+    html! {
+        section .file data-path=(file.path) data-change=(file.change.as_str()) {
+            h2 {
+                code .path { (file.path) }
+                " "
+                span .change { (file.change.as_str()) }
+                @if let Some(old) = &file.old_path { " from " code { (old) } }
+                @if file.binary.is_none() && (added, removed) != (0, 0) {
+                    " "
+                    span .counts { "+" (added) " −" (removed) }
+                }
+            }
+            @if can_restore && file.change != Change::Deleted {
+                form .restore-file method="post" action={"/u/" (user) "/restore-file"} {
+                    input type="hidden" name="csrf" value=(csrf);
+                    input type="hidden" name="commit" value=(commit);
+                    input type="hidden" name="path" value=(file.path);
+                    button type="submit" { "Restore only this file" }
+                }
+            }
+            @match file.binary {
+                Some(Some(size)) => p .binary { "binary file, " (size) " bytes" },
+                Some(None) => p .binary { "binary file" },
+                None if file.lines.is_empty() => {},
+                None if file.is_large() => details .lines {
+                    summary { (file.lines.len()) " lines: show them" }
+                    (lines(&file.lines))
+                },
+                None => (lines(&file.lines)),
+            }
+        }
+    }
+}
+
+fn lines(lines: &[Line]) -> Markup {
+    html! {
+        pre .diff {
+            @for line in lines {
+                @match line.kind {
+                    LineKind::Added => { span .add { "+ " (line.text) } "\n" }
+                    LineKind::Removed => { span .del { "− " (line.text) } "\n" }
+                    LineKind::Context => { span .ctx { "  " (line.text) } "\n" }
+                    LineKind::Hunk => { span .hunk { (line.text) } "\n" }
+                    LineKind::NoNewline => { span .nonl { (line.text) } "\n" }
+                }
+            }
+        }
+    }
+}
+
+/// The page's script: live status, history and restore notices over server-sent events,
+/// relative times, a confirmation before restoring. Served as a file so the CSP needs no
+/// inline script.
 pub const PAGE_JS: &str = include_str!("page.js");
 pub const PAGE_CSS: &str = include_str!("page.css");
 
