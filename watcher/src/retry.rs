@@ -182,12 +182,17 @@ pub fn classify_git_error(
 
 /// What kind of failure a ref update the server refused is, from the reason of its
 /// `ng <ref> <reason>` (receive-pack's words: `missing necessary objects`, `non-fast-forward`).
+/// receive-pack's `failed to update ref` and `failed to lock` are the server's own trouble,
+/// most often a lock another receive-pack still holds (one whose client was killed mid-push):
+/// tried again within a second, as a server error, not after a refusal's half minute.
 pub fn classify_ref_rejection(message: &str) -> FailureKind {
     let m = message.to_ascii_lowercase();
     if m.contains("non-fast-forward") || m.contains("fetch first") || m.contains("stale info") {
         FailureKind::NonFastForward
     } else if m.contains("missing necessary objects") || m.contains("unpacker error") {
         FailureKind::MissingObjects
+    } else if m.contains("failed to update ref") || m.contains("failed to lock") {
+        FailureKind::Server
     } else {
         FailureKind::Rejected
     }
@@ -364,6 +369,11 @@ mod tests {
             ("stale info", NonFastForward),
             ("missing necessary objects", MissingObjects),
             ("unpacker error", MissingObjects),
+            (
+                "failed to update ref (remote said: error: cannot lock ref 'HEAD': Unable to create '/srv/user.git/./HEAD.lock': File exists.)",
+                Server,
+            ),
+            ("failed to lock", Server),
         ] {
             assert_eq!(classify_ref_rejection(message), expected, "{message}");
         }
