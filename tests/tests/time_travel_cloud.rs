@@ -315,10 +315,10 @@ async fn a_syncs_backup_outlives_the_sandbox_in_the_cloud_history() {
         .iter()
         .find(|s| s.kind == SaveKind::Backup)
         .unwrap_or_else(|| panic!("{saves:#?}"));
+    // The subject without the kind the watcher starts it with (`backup: `).
     assert!(
-        backup
-            .subject
-            .starts_with("backup: unsaved work before sync")
+        backup.subject.starts_with("unsaved work before sync"),
+        "{backup:#?}"
     );
     assert_eq!(
         git(&w.remote, ["show", &format!("{}:b.txt", backup.commit)]),
