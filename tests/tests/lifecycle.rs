@@ -366,11 +366,21 @@ async fn a_sandbox_wiped_under_its_watcher_comes_back_with_the_saved_project_on_
     .await;
     eprintln!("wiped sandbox back and synced in {took:?} (1.5 s of it the recovery wait)");
 
-    // Wiped again; this time the page asks for a restore.
+    // Wiped again; this time the page asks for a restore. As in a real wipe, the sandbox's
+    // watcher is gone before the new sandbox is made.
+    let second_watcher = fs::read_to_string(world.home().join("watcher.pid")).unwrap();
     until_async(PATIENCE, "the sandbox directory removed", || async {
         fs::remove_dir_all(world.home()).ok()
     })
     .await;
+    until_async(PATIENCE, "the second watcher to stop by itself", || async {
+        (!alive(second_watcher.trim())).then_some(())
+    })
+    .await;
+    assert!(
+        !world.home().exists(),
+        "a watcher wrote into its removed sandbox"
+    );
     let done = lifecycle.reprovision(&alice(), secrets()).await.unwrap();
     assert_eq!(done, Reprovisioned::Created);
     assert_eq!(world.statuses.take(), reprovisioned());

@@ -153,6 +153,14 @@ impl GitRemote {
     /// unpushed commits against it. The pusher writes only these confirmed facts, never the
     /// branch, index or tree, so it does not take repo.lock.
     fn record(&self, repo: &Repository, head: Oid, dst: &str) -> Result<(), PushFailure> {
+        // libgit2 makes a ref's missing folders, `.git` included: a project removed during the
+        // push would come back as a `.git` holding one ref, which no one could clone into.
+        if crate::save::repository_gone(repo.path()) {
+            return Err(PushFailure {
+                kind: FailureKind::Local,
+                message: "pushed, but the repository is gone: nothing recorded".into(),
+            });
+        }
         let mut tracking: Vec<String> = self
             .find_remote(repo)?
             .refspecs()
