@@ -241,7 +241,7 @@ fn project(link: Option<&ProjectLink>) -> Markup {
         h2 { "Project" }
         @match link {
             Some(ProjectLink::GitLab { web_url }) => {
-                a #project-button .button href=(web_url) rel="noopener noreferrer" { "Open the project on GitLab" }
+                a #project-button .button href=(web_url) target="_blank" rel="noopener noreferrer" { "Open the project on GitLab" }
             }
             Some(ProjectLink::Embedded { clone_url, token }) => {
                 p { "Clone it on your laptop, edit, and push: your sandbox follows." }
