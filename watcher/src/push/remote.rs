@@ -155,7 +155,9 @@ impl GitRemote {
     fn record(&self, repo: &Repository, head: Oid, dst: &str) -> Result<(), PushFailure> {
         // libgit2 makes a ref's missing folders, `.git` included: a project removed during the
         // push would come back as a `.git` holding one ref, which no one could clone into.
-        if crate::save::repository_gone(repo.path()) {
+        // (git's own markers only: a repository the pusher is lent may have no state folder.)
+        let common = repo.commondir();
+        if !repo.path().join("HEAD").exists() || !common.join("refs").is_dir() {
             return Err(PushFailure {
                 kind: FailureKind::Local,
                 message: "pushed, but the repository is gone: nothing recorded".into(),
