@@ -160,9 +160,14 @@ pub fn figures(results: &BTreeMap<usize, FixtureResults>, main: usize) -> Vec<Fi
                 w,
             )
             .target(
-                format!("watcher = kept dirs ({}) + `.git/info`", f.kept_dirs),
-                // `.git/info` holds `exclude`, whose change re-reads the ignore rules.
-                move |_, w| w == kept + 1.0,
+                format!(
+                    "watcher = kept dirs ({}) + `.git` + `.git/info`",
+                    f.kept_dirs
+                ),
+                // `.git` holds `HEAD`, `index` and the operation markers, whose changes begin
+                // and end a pause for the user's git; `.git/info` holds `exclude`, whose change
+                // re-reads the ignore rules.
+                move |_, w| w == kept + 2.0,
             ),
         );
         let (b, w) = per_side(f, &rss);
@@ -410,9 +415,9 @@ mod tests {
             fixture(
                 1_000,
                 side(0.5, 70, &[80.0, 90.0, 1000.0]),
-                side(0.2, 11, &[30.0, 35.0, 40.0]),
+                side(0.2, 12, &[30.0, 35.0, 40.0]),
             ),
-            fixture(100_000, side(5.0, 900, &[400.0]), side(6.0, 12, &[70.0])),
+            fixture(100_000, side(5.0, 900, &[400.0]), side(6.0, 13, &[70.0])),
         ]
         .into_iter()
         .collect();
@@ -442,7 +447,7 @@ mod tests {
         assert_eq!(
             find(&figures, "start-up: inotify watches, 100k tracked").verdict,
             Verdict::Missed,
-            "12 watches for 10 kept dirs and .git/info"
+            "13 watches for 10 kept dirs, .git and .git/info"
         );
         let rss = find(&figures, "start-up: RSS of the process tree, 100k tracked");
         assert_eq!(rss.watcher, Some(4.0));
