@@ -336,16 +336,6 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
     })
     .await;
     ws.laptop("alice", &laptop);
-    // The clone command and the token, on a phone: whole, and copied by their buttons.
-    fits_narrow_and_copies(&client, "#clone-commands").await;
-    client
-        .find(Locator::Css("#project details summary"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    fits_narrow_and_copies(&client, "#project-token").await;
     record_states(&client).await;
     // The sync waits in its install step: the page says since when, and the time ticks.
     let hold = ws.sandboxes.join("alice/hold-install");
@@ -454,6 +444,17 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
     assert_eq!(oldest.matches("shmastra.json").count(), 1, "{oldest}");
     assert_eq!(oldest.matches("autosave").count(), 1, "{oldest}");
     screenshot(&client, &ws, "history").await;
+    // The clone command and the token, on a phone (after the screenshots: the token stays out of
+    // them): whole, and copied by their buttons.
+    fits_narrow_and_copies(&client, "#clone-commands").await;
+    client
+        .find(Locator::Css("#project details summary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    fits_narrow_and_copies(&client, "#project-token").await;
     client
         .find(Locator::XPath(&format!(
             "{save}//a[contains(@class,'diff')]"
