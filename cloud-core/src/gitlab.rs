@@ -816,7 +816,7 @@ impl GitLab {
             };
             match inner.retry.delay(failed, retry_after) {
                 Some(wait) => {
-                    tracing::warn!(error = %with_causes(&failure), retry_in = ?wait, "GitLab request failed; retrying");
+                    tracing::warn!(error = %with_causes(&failure), retry_in = %shmastra_contract::duration::short_duration(wait), "GitLab request failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
                 None => return Err(failure),

@@ -101,7 +101,6 @@
 // Vocabulary: the words every layer shares.
 mod admission;
 mod client;
-mod duration;
 mod env_names;
 mod event;
 mod host;

@@ -233,7 +233,7 @@ impl Gate {
             .await
             .is_err()
         {
-            tracing::warn!(?patience, "sandbox commands still run as the server stops");
+            tracing::warn!(patience = %shmastra_contract::duration::short_duration(patience), "sandbox commands still run as the server stops");
         }
     }
 }

@@ -16,7 +16,6 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "admission",
             "client",
-            "duration",
             "env_names",
             "event",
             "host",

@@ -14,11 +14,13 @@
 //!   watcher and read by its `history` and the cloud's;
 //! - [`trailers`]: git's commit message trailers, found as `git interpret-trailers --parse`
 //!   finds them;
-//! - [`log_level`]: the log filter both binaries start with (`-q`, `-v`, `RUST_LOG`).
+//! - [`log_level`]: the log filter both binaries start with (`-q`, `-v`, `RUST_LOG`);
+//! - [`duration`]: a duration in a message or a log field as people write it (`1d`, `1s 500ms`).
 //!
 //! Small on purpose: serde, serde_json and thiserror, nothing else.
 
 pub mod command;
+pub mod duration;
 pub mod env;
 pub mod failure;
 pub mod log_level;

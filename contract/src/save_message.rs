@@ -35,9 +35,9 @@ pub const LISTED_PATHS: usize = 20;
 /// A subject fits git's one-line views (`git log --oneline`, GitLab's commit list).
 pub const SUBJECT_WIDTH: usize = 72;
 
-/// What made a save. The watcher writes the first three into the [`SAVE_KIND`] trailer; `sync`
-/// (a state pulled in from a push elsewhere) and `other` (a commit a person made) are only
-/// ever read.
+/// What made a save. The watcher writes the first three into the [`SAVE_KIND`] trailer;
+/// `other` (a commit a person made, here or pushed from elsewhere) is only ever read, and is
+/// the word of the watcher's `history` and of the workspace page alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SaveKind {
@@ -47,20 +47,12 @@ pub enum SaveKind {
     Restore,
     /// Unsaved work kept before a `sync` moved the tree.
     Backup,
-    /// A commit a sync made the working tree.
-    Sync,
     /// A commit the watcher did not make.
     Other,
 }
 
 impl SaveKind {
-    const ALL: [Self; 5] = [
-        Self::Autosave,
-        Self::Restore,
-        Self::Backup,
-        Self::Sync,
-        Self::Other,
-    ];
+    const ALL: [Self; 4] = [Self::Autosave, Self::Restore, Self::Backup, Self::Other];
 
     /// The kind's name, as the trailer and the JSON write it.
     pub fn as_str(self) -> &'static str {
@@ -68,7 +60,6 @@ impl SaveKind {
             Self::Autosave => "autosave",
             Self::Restore => "restore",
             Self::Backup => "backup",
-            Self::Sync => "sync",
             Self::Other => "other",
         }
     }

@@ -2,6 +2,7 @@
 //! stages, keeps the status file true, writes the index when quiet, and saves what is pending
 //! on shutdown.
 
+use shmastra_contract::duration::short_duration;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -294,7 +295,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
         SaveOutcome::Failed(e) => {
             let wait = retry.next_delay();
-            tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
+            tracing::error!(retry_in = %short_duration(wait), "saving failed, trying again: {e}");
             failed = Some((Changes::everything(), Some(Instant::now() + wait)));
         }
         SaveOutcome::Gone { git_dir } => return Err(DaemonError::Gone { git_dir }),
@@ -391,7 +392,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             }
             SaveOutcome::Failed(e) => {
                 let wait = retry.next_delay();
-                tracing::error!(retry_in = ?wait, "saving failed, trying again: {e}");
+                tracing::error!(retry_in = %short_duration(wait), "saving failed, trying again: {e}");
                 // A full pass on retry also repairs whatever state made this one fail.
                 changes.merge(Changes::everything());
                 failed = Some((changes, Some(Instant::now() + wait)));

@@ -3,9 +3,9 @@
 //! `show` detects renames as `git show` does, and prints the save as text or as a [`Save`].
 //!
 //! A save's kind comes from the watcher's trailers (`Saved-by: project-watcher/<version>`,
-//! `Save-kind: <kind>`); a commit without them was made by a person (`other`), or pulled in
-//! by a `sync` when it is one of the commits a sync made the working tree (recorded in
-//! `.git/project-watcher/synced`). Backups of unsaved work (`refs/project-watcher/backup/*`)
+//! `Save-kind: <kind>`); a commit without them is `other`, the cloud's workspace page's word
+//! for it too, and `synced` when it is one of the commits a sync made the working tree
+//! (recorded in `.git/project-watcher/synced`), pushed from elsewhere rather than made here. Backups of unsaved work (`refs/project-watcher/backup/*`)
 //! and the recovery branches they were pushed to are listed beside the branch.
 
 use std::collections::{HashMap, HashSet};
@@ -30,6 +30,8 @@ pub struct Entry {
     pub time: String,
     /// What made it.
     pub kind: SaveKind,
+    /// Whether a `sync` pulled it in (a commit pushed from elsewhere; its kind is `other`).
+    pub synced: bool,
     /// The paths this save changed (against its first parent).
     pub files: Vec<String>,
     /// Whether the remote has it, as far as this repository last heard.
@@ -54,6 +56,8 @@ pub struct Save {
     pub short: String,
     /// What made it, named as `history --json` names it.
     pub kind: SaveKind,
+    /// Whether a `sync` pulled it in, as `history --json` says it.
+    pub synced: bool,
     /// The subject line of the commit message.
     pub subject: String,
     /// The whole commit message, trailers included.
@@ -189,7 +193,7 @@ pub fn history(repo: &Repository, query: &Query) -> Result<Vec<Entry>, HistoryEr
         }
         let message = commit.message_raw().unwrap_or_default();
         let tip = tips.get(&oid).cloned();
-        let kind = match classify(message, synced.contains(&oid)) {
+        let kind = match classify(message) {
             SaveKind::Autosave if tip.is_some() => SaveKind::Backup,
             kind => kind,
         };
@@ -197,6 +201,7 @@ pub fn history(repo: &Repository, query: &Query) -> Result<Vec<Entry>, HistoryEr
             commit: oid.to_string(),
             time: timestamp(at::commit_time(commit.time().seconds())),
             kind,
+            synced: kind == SaveKind::Other && synced.contains(&oid),
             files: changed_paths(repo, &commit, None)?,
             pushed: !unpushed.contains(&oid),
             subject: commit
@@ -212,14 +217,9 @@ pub fn history(repo: &Repository, query: &Query) -> Result<Vec<Entry>, HistoryEr
     Ok(entries)
 }
 
-/// The kind of a commit from its message: the watcher's trailers, else `sync` for a commit a
-/// sync pulled in, else `other`.
-pub(crate) fn classify(message: &str, synced: bool) -> SaveKind {
-    save_message::classify(message).unwrap_or(if synced {
-        SaveKind::Sync
-    } else {
-        SaveKind::Other
-    })
+/// The kind of a commit from its message: the watcher's trailers, else `other`.
+pub(crate) fn classify(message: &str) -> SaveKind {
+    save_message::classify(message).unwrap_or(SaveKind::Other)
 }
 
 /// The backup refs and the recovery branches known locally: tip -> ref name.
@@ -342,6 +342,9 @@ pub fn render(entries: &[Entry]) -> String {
         if let Some(r) = &e.r#ref {
             let _ = write!(out, "  [{r}]");
         }
+        if e.synced {
+            out.push_str("  [synced]");
+        }
         out.push('\n');
     }
     out
@@ -353,9 +356,14 @@ pub fn show(repo: &Repository, rev: &str) -> Result<String, HistoryError> {
     let commit = repo.find_commit(at::resolve(repo, rev, std::time::SystemTime::now())?)?;
     let message = commit.message_raw().unwrap_or_default();
     let mut out = format!(
-        "commit {}\nKind: {}\nAuthor: {} <{}>\nDate:   {}\n\n",
+        "commit {}\nKind: {}{}\nAuthor: {} <{}>\nDate:   {}\n\n",
         commit.id(),
-        kind_of(repo, &commit),
+        kind_of(&commit),
+        if synced(repo, &commit) {
+            " (pulled in by a sync)"
+        } else {
+            ""
+        },
         commit.author().name().unwrap_or_default(),
         commit.author().email().unwrap_or_default(),
         timestamp(at::commit_time(commit.time().seconds())),
@@ -417,7 +425,8 @@ pub fn show_save(repo: &Repository, rev: &str) -> Result<Save, HistoryError> {
     Ok(Save {
         commit: commit.id().to_string(),
         short: String::from_utf8_lossy(&commit.as_object().short_id()?).into_owned(),
-        kind: kind_of(repo, &commit),
+        kind: kind_of(&commit),
+        synced: synced(repo, &commit),
         subject: commit
             .summary()
             .ok()
@@ -435,12 +444,13 @@ pub fn show_save(repo: &Repository, rev: &str) -> Result<Save, HistoryError> {
     })
 }
 
-fn kind_of(repo: &Repository, commit: &git2::Commit<'_>) -> SaveKind {
-    let synced = read_synced(repo.path());
-    classify(
-        commit.message_raw().unwrap_or_default(),
-        synced.contains(&commit.id()),
-    )
+fn kind_of(commit: &git2::Commit<'_>) -> SaveKind {
+    classify(commit.message_raw().unwrap_or_default())
+}
+
+/// Whether a sync pulled the commit in (only a commit the watcher did not make).
+fn synced(repo: &Repository, commit: &git2::Commit<'_>) -> bool {
+    kind_of(commit) == SaveKind::Other && read_synced(repo.path()).contains(&commit.id())
 }
 
 /// The diff `show` prints: against the first parent, renames found as `git show` finds them.
@@ -457,18 +467,16 @@ fn shown_diff<'r>(
 mod tests {
     use super::*;
 
-    /// The trailer rules are the contract's (tested there against git); here: what a sync
-    /// record adds to them.
+    /// The trailer rules are the contract's (tested there against git); here: a commit
+    /// without them.
     #[test]
-    fn a_synced_commit_without_the_watchers_trailers_is_a_sync() {
+    fn a_commit_without_the_watchers_trailers_is_other() {
         let paths = vec!["a.ts".to_owned()];
-        let check = |message: &str, synced: bool, expected: SaveKind| {
-            assert_eq!(classify(message, synced), expected, "{message:?}");
-        };
-        check(&crate::commit::message(&paths), false, SaveKind::Autosave);
-        check(&crate::commit::message(&paths), true, SaveKind::Autosave);
-        check("fix the weather tool\n", false, SaveKind::Other);
-        check("fix the weather tool\n", true, SaveKind::Sync);
+        assert_eq!(
+            classify(&crate::commit::message(&paths)),
+            SaveKind::Autosave
+        );
+        assert_eq!(classify("fix the weather tool\n"), SaveKind::Other);
     }
 
     #[test]

@@ -485,6 +485,11 @@ fn status(args: StatusArgs) -> ExitCode {
                 status.as_stopped(&repo);
             }
         }
+        (Err(project_watcher::status::StatusError::Missing(_)), false) => {
+            if let Ok(repo) = project_watcher::project_dir::open(&args.dir) {
+                read = Ok(project_watcher::status::Status::never_ran(&repo));
+            }
+        }
         (Err(_), _) => {}
     }
     if let Ok(status) = &read {
@@ -511,10 +516,11 @@ fn status(args: StatusArgs) -> ExitCode {
         eprintln!(
             "project-watcher: no watcher is running on {}{}",
             args.dir.display(),
-            if read.is_ok() {
-                " (shown: the last status the stopped watcher wrote)"
-            } else {
-                ""
+            match &read {
+                Ok(status) if status.state == project_watcher::status::State::Stopped =>
+                    " (none has run on it)",
+                Ok(_) => " (shown: the last status the stopped watcher wrote)",
+                Err(_) => "",
             }
         );
         return ExitCode::from(3);

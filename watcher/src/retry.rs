@@ -70,6 +70,16 @@ impl FailureKind {
     }
 }
 
+impl std::fmt::Display for FailureKind {
+    /// The status file's name of the kind (`missing_objects`), as log lines write it too.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::String(name)) => f.write_str(&name),
+            _ => Err(std::fmt::Error),
+        }
+    }
+}
+
 impl FailureKind {
     /// A few words for the status: what is wrong.
     pub fn describe(self) -> &'static str {
@@ -205,6 +215,19 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_kind_prints_as_the_status_file_names_it() {
+        for kind in [
+            FailureKind::Network,
+            FailureKind::MissingObjects,
+            FailureKind::NonFastForward,
+        ] {
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json.as_str(), Some(kind.to_string().as_str()));
+        }
+        assert_eq!(FailureKind::MissingObjects.to_string(), "missing_objects");
     }
 
     #[test]

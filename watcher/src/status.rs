@@ -276,9 +276,36 @@ impl Status {
             .as_ref()
             .and_then(|h| h.target())
             .map(|oid| oid.to_string());
-        self.branch = head
-            .filter(|h| h.is_branch())
-            .and_then(|h| h.shorthand().ok().map(str::to_owned));
+        self.branch = match head {
+            Some(head) => head
+                .is_branch()
+                .then(|| head.shorthand().ok().map(str::to_owned))
+                .flatten(),
+            // An unborn branch (no commit yet) is still the branch `HEAD` names.
+            None => repo.find_reference("HEAD").ok().and_then(|h| {
+                h.symbolic_target()
+                    .ok()
+                    .flatten()
+                    .and_then(|t| t.strip_prefix("refs/heads/"))
+                    .map(str::to_owned)
+            }),
+        };
+    }
+}
+
+impl Status {
+    /// What `status` shows of a project no watcher has run on (no status file): not running,
+    /// state `stopped`, `head` and `branch` as the repository has them, no pid (0) and no
+    /// version (empty).
+    pub fn never_ran(repo: &git2::Repository) -> Self {
+        let mut status = Self {
+            state: State::Stopped,
+            pid: 0,
+            version: String::new(),
+            ..Self::default()
+        };
+        status.as_stopped(repo);
+        status
     }
 }
 
@@ -291,6 +318,16 @@ impl fmt::Display for Stopped<'_> {
         let mut lines: Vec<&str> = live.lines().collect();
         lines.pop();
         lines.remove(0);
+        if self.0.state == State::Stopped {
+            writeln!(
+                f,
+                "state:            stopped (no watcher has run on this project)"
+            )?;
+            for line in lines.iter().take(2) {
+                writeln!(f, "{line}")?;
+            }
+            return write!(f, "watcher:          not running");
+        }
         writeln!(
             f,
             "state:            stopped (no watcher is running; its last state was {})",

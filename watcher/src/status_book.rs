@@ -2,6 +2,7 @@
 //! A save's result, the watch stage's problems and the pusher's events come in; the state is
 //! derived from typed values (never from message text), and the file is written from here.
 
+use shmastra_contract::duration::short_duration;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -266,7 +267,7 @@ impl StatusBook {
                 kind,
                 retry_in,
             } => {
-                tracing::warn!(retry_in = ?retry_in, "push failed: {error}");
+                tracing::warn!(retry_in = %short_duration(retry_in), "push failed: {error}");
                 self.push_failures += 1;
                 self.push_state = Some(State::Backoff);
                 self.status.last_push_error = Some(error);

@@ -89,6 +89,33 @@ fn status_without_a_watcher_or_a_file_says_so_and_exits_3() {
     assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no watcher is running"), "{err}");
+    assert!(err.contains("none has run on it"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("state:            stopped (no watcher has run on this project)\n"),
+        "{text}"
+    );
+    assert!(text.contains("branch:           main"), "{text}");
+
+    // Machines get the same answer as JSON on stdout, with the repository's head.
+    let out = status(&repo, tmp.path(), true);
+    assert_eq!(out.status.code(), Some(3));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["head"], serde_json::Value::Null, "{shown}");
+    std::fs::write(repo.join("a.txt"), "a\n").unwrap();
+    testkit::git::git(&repo, ["add", "-A"]);
+    testkit::git::git(&repo, ["commit", "-q", "-m", "first"]);
+    let head = testkit::git::git(&repo, ["rev-parse", "HEAD"]);
+    let out = status(&repo, tmp.path(), true);
+    assert_eq!(out.status.code(), Some(3));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["running"], false, "{shown}");
+    assert_eq!(shown["state"], "stopped", "{shown}");
+    assert_eq!(shown["head"], head.trim(), "{shown}");
+    assert_eq!(shown["branch"], "main", "{shown}");
+    assert_eq!(shown["pid"], 0, "{shown}");
+    // Asking did not make the watcher's state folder.
+    assert!(!repo.join(".git/project-watcher/status.json").exists());
 }
 
 #[test]
@@ -132,7 +159,8 @@ fn a_stopped_watcher_s_last_status_is_shown_as_stopped_with_exit_3() {
     let stopped = project_watcher::status::Status {
         running: false,
         state: project_watcher::status::State::Stopped,
-        branch: None,
+        // No commit yet: `HEAD` names the unborn `main`, as `git status` says.
+        branch: Some("main".into()),
         ..left
     };
     assert_eq!(read, stopped);

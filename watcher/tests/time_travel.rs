@@ -631,7 +631,16 @@ fn a_sync_pushes_its_backup_to_a_recovery_branch_that_history_lists_and_restore_
         .iter()
         .find(|s| s["subject"] == "from the laptop")
         .unwrap();
-    assert_eq!(synced["kind"], "sync", "{saves:#?}");
+    // The page's word for a commit the watcher did not make, and the sync that brought it.
+    assert_eq!(synced["kind"], "other", "{saves:#?}");
+    assert_eq!(synced["synced"], true, "{saves:#?}");
+    assert!(
+        saves
+            .iter()
+            .filter(|s| s["subject"] != "from the laptop")
+            .all(|s| s["synced"] == false),
+        "{saves:#?}"
+    );
 
     let out = cmd(&["restore", "--at", backup["commit"].as_str().unwrap()]);
     assert!(

@@ -51,6 +51,17 @@ pub enum OperationKind {
     Restore,
 }
 
+impl OperationKind {
+    /// The name the API's JSON gives it, for log lines.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Provision => "provision",
+            Self::Sync => "sync",
+            Self::Restore => "restore",
+        }
+    }
+}
+
 /// Where an operation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -324,7 +335,7 @@ impl Operations {
             Ok(Outcome::Sync(result)) => op.sync = Some(result),
             Ok(Outcome::Restore(result)) => op.restore = Some(result),
             Err(error) => {
-                tracing::info!(operation = %op.id, user = %op.user, kind = ?op.kind, status = error.status().as_u16(), "operation failed");
+                tracing::info!(operation = %op.id, user = %op.user, kind = op.kind.name(), status = error.status().as_u16(), "operation failed");
                 op.error = Some(error.body().error);
             }
         }
@@ -376,6 +387,17 @@ mod tests {
 
     fn user(name: &str) -> UserId {
         UserId::parse(name).unwrap()
+    }
+
+    #[test]
+    fn a_kind_logs_under_its_json_name() {
+        for kind in [
+            OperationKind::Provision,
+            OperationKind::Sync,
+            OperationKind::Restore,
+        ] {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.name());
+        }
     }
 
     /// Work that waits for `gate` and then succeeds with a sync result.

@@ -543,7 +543,7 @@ impl ControlPlane {
             }
             match self.retry.delay(failed, retry_after) {
                 Some(wait) => {
-                    tracing::warn!(error = %failure, retry_in = ?wait, "E2B request failed; retrying");
+                    tracing::warn!(error = %failure, retry_in = %shmastra_contract::duration::short_duration(wait), "E2B request failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
                 None => return Err(failure),

@@ -392,7 +392,7 @@ impl Envd {
         let Some(wait) = self.retry.delay(failed, retry_after) else {
             return false;
         };
-        tracing::warn!(error = %failure, retry_in = ?wait, "envd request failed; retrying");
+        tracing::warn!(error = %failure, retry_in = %shmastra_contract::duration::short_duration(wait), "envd request failed; retrying");
         tokio::time::sleep(wait).await;
         true
     }

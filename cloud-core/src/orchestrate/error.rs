@@ -6,10 +6,10 @@ use std::time::Duration;
 use shmastra_contract::SyncFailure;
 use shmastra_contract::manifest::{MANIFEST_FILE, ManifestError};
 
-use crate::duration::short_duration;
 use crate::sandbox::SandboxError;
 use crate::secrets::RestoreFormError;
 use crate::user::UserId;
+use shmastra_contract::duration::short_duration;
 
 /// Why an orchestration step failed.
 #[derive(Debug, thiserror::Error)]

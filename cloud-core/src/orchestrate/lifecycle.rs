@@ -256,7 +256,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
                 );
                 err
             })?;
-        tracing::warn!(user = %user, recovery = nth, wait = ?self.policy.wait, "sandbox gone; re-provisioning it");
+        tracing::warn!(user = %user, recovery = nth, wait = %shmastra_contract::duration::short_duration(self.policy.wait), "sandbox gone; re-provisioning it");
         tokio::time::sleep(self.policy.wait).await;
         let (sandbox, _) = self
             .reprovision_locked(user, &mut created, Form::FromSource)
@@ -285,7 +285,7 @@ impl<P: SandboxProvider, H: ProjectHost> Lifecycle<P, H> {
                 );
             }
             Err(e) => {
-                tracing::warn!(user = %user, ?step, error = %e, "re-provisioning failed");
+                tracing::warn!(user = %user, step = step_name(step), error = %e, "re-provisioning failed");
                 self.status.set_status(
                     user.as_str(),
                     SandboxStatus::Broken {

@@ -162,7 +162,7 @@ impl<H: ProjectHost> Orchestrator<H> {
             format!(
                 "the dev server did not answer {} within {}",
                 health.url,
-                crate::duration::short_duration(health.timeout)
+                shmastra_contract::duration::short_duration(health.timeout)
             )
         };
         Ok(match self.in_project(sandbox, exec).await {

@@ -28,7 +28,7 @@ pub enum QueuedSyncError {
     Store(#[from] StoreError),
     /// Another runner holds the user's job and renews its lease, but no run covering this
     /// event finished in time; its outcome will be the sandbox's status.
-    #[error("the sync of user {user} runs elsewhere and had not finished after {}", crate::duration::short_duration(*waited))]
+    #[error("the sync of user {user} runs elsewhere and had not finished after {}", shmastra_contract::duration::short_duration(*waited))]
     NotFinished {
         /// Whose sync.
         user: UserId,

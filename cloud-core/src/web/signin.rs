@@ -16,10 +16,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use subtle::ConstantTimeEq;
 
-use crate::duration::short_duration;
 use crate::nonces::Nonces;
 use crate::token::{GenerationError, TokenSigner};
 use crate::user::UserId;
+use shmastra_contract::duration::short_duration;
 
 const LINK_DOMAIN: &[u8] = b"shmastra-login-link-v2\0";
 const SESSION_DOMAIN: &[u8] = b"shmastra-session-v2\0";

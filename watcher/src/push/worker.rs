@@ -2,6 +2,7 @@
 //! attempt sends (larger after a refusal for missing objects), and the recovery-branch
 //! policy. It talks to the server only through [`Remote`].
 
+use shmastra_contract::duration::short_duration;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -255,7 +256,7 @@ impl<R: Remote> Worker<R> {
                     tracing::warn!("{error}");
                     self.pack = larger;
                 }
-                tracing::debug!(kind = ?failure.kind, ?retry_in, "push failed");
+                tracing::debug!(kind = %failure.kind, retry_in = %short_duration(retry_in), "push failed");
                 self.emit(PushEvent::Failed {
                     error,
                     kind: failure.kind,

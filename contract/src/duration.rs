@@ -1,10 +1,10 @@
-//! Durations in messages, written as people write them.
+//! Durations in messages and log lines, written as people write them (both binaries).
 
 use std::time::Duration;
 
 /// A duration as people write it: `15m`, `1h 30m`, `1s 500ms`, `1d` (whole milliseconds),
 /// in the units humantime (and every flag taking a duration) reads back.
-pub(crate) fn short_duration(duration: Duration) -> String {
+pub fn short_duration(duration: Duration) -> String {
     let mut rest = duration.as_millis();
     let mut parts = Vec::new();
     for (unit, name) in [
