@@ -28,7 +28,7 @@
   }
 
   function localizeTimes(root) {
-    var times = root.querySelectorAll("time[datetime]");
+    var times = root.querySelectorAll("time[datetime]:not(#status-elapsed)");
     for (var i = 0; i < times.length; i++) {
       var at = new Date(times[i].getAttribute("datetime"));
       if (isNaN(at.getTime())) { continue; }
