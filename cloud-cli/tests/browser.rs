@@ -2,8 +2,9 @@
 //! `chromedriver` (started here on a free port) with fantoccini, against the real `serve`
 //! with sandboxes on this machine and the real watcher in them. A missing chromium fails.
 //!
-//! Screenshots of each state go to `$SCREENSHOTS_DIR` when it is set (the README's come from
-//! `SCREENSHOTS_DIR=$PWD/docs cargo test -p shmastra-cloud --test browser`), else to a temp dir.
+//! Screenshots of each state, 1280 and 390 px wide, go to `$SCREENSHOTS_DIR` when it is set (the
+//! docs' come from `SCREENSHOTS_DIR=$PWD/docs cargo test -p shmastra-cloud --test browser`),
+//! else to a temp dir.
 
 mod common;
 
@@ -74,7 +75,7 @@ async fn browser() -> (Driver, Client) {
         json!({
             "binary": "/usr/bin/chromium",
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1100,900", "--no-first-run"],
+                     "--window-size=1280,900", "--no-first-run"],
         }),
     );
     let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
@@ -137,10 +138,81 @@ fn shots_dir(ws: &Workspace) -> PathBuf {
     dir
 }
 
+/// `workspace-<name>.png` 1280 px wide and `workspace-<name>-390.png` as a phone shows it; the
+/// window is 1280 px wide again after.
 async fn screenshot(client: &Client, ws: &Workspace, name: &str) {
-    let png = client.screenshot().await.expect("screenshot");
-    assert!(png.starts_with(b"\x89PNG"), "a PNG");
-    std::fs::write(shots_dir(ws).join(format!("workspace-{name}.png")), png).expect("write PNG");
+    for (width, suffix) in [(NARROW, "-390"), (WIDE, "")] {
+        client.set_window_size(width, 900).await.expect("resize");
+        let png = client.screenshot().await.expect("screenshot");
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        std::fs::write(
+            shots_dir(ws).join(format!("workspace-{name}{suffix}.png")),
+            png,
+        )
+        .expect("write PNG");
+    }
+}
+
+const WIDE: u32 = 1280;
+/// A phone's width.
+const NARROW: u32 = 390;
+
+/// At a phone's width, the box `css` is within the page's width and its text is not cut: it
+/// wraps, or the box scrolls; the page itself does not scroll sideways. Then its copy button
+/// copies its text: "Copied" once the clipboard took it.
+async fn fits_narrow_and_copies(client: &Client, css: &str) {
+    client.set_window_size(NARROW, 900).await.expect("resize");
+    let v = client
+        .execute(
+            "var e = document.querySelector(arguments[0]); var r = e.getBoundingClientRect(); \
+             var page = document.documentElement; var x = getComputedStyle(e).overflowX; \
+             return [r.width > 0 && r.left >= 0 && r.right <= page.clientWidth + 0.5, \
+                     e.scrollWidth <= e.clientWidth || x === 'auto' || x === 'scroll', \
+                     page.scrollWidth <= page.clientWidth, e.scrollWidth, e.clientWidth];",
+            vec![json!(css)],
+        )
+        .await
+        .expect("measure the box");
+    assert_eq!(
+        (&v[0], &v[1], &v[2]),
+        (&json!(true), &json!(true), &json!(true)),
+        "{css} at {NARROW} px: within the page, not cut, no sideways page: {v}"
+    );
+    let id = client
+        .execute(
+            "return document.querySelector(arguments[0]).id;",
+            vec![json!(css)],
+        )
+        .await
+        .unwrap();
+    let id = id.as_str().expect("the box has an id");
+    let button = client
+        .find(Locator::Css(&format!("button.copy[data-copy='{id}']")))
+        .await
+        .expect("a copy button for the box");
+    // The clipboard is not readable here: what the page writes to it is noted on the way.
+    client
+        .execute(
+            "var write = navigator.clipboard.writeText.bind(navigator.clipboard); \
+             navigator.clipboard.writeText = function (t) { window.__copied = t; return write(t); };",
+            vec![],
+        )
+        .await
+        .unwrap();
+    button.click().await.unwrap();
+    let label = eventually(client, "the copy button's answer", || async {
+        let label = button.text().await.ok()?;
+        (label != "Copy").then_some(label)
+    })
+    .await;
+    assert_eq!(label, "Copied", "{css}");
+    let copied = client
+        .execute("return window.__copied;", vec![])
+        .await
+        .unwrap();
+    let text = text_of(client, css).await.unwrap();
+    assert_eq!(copied.as_str().map(str::trim), Some(text.trim()), "{css}");
+    client.set_window_size(WIDE, 900).await.expect("resize");
 }
 
 /// Records every status state the page shows from now on, and a marker a reload would erase.
@@ -265,11 +337,37 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
     .await;
     ws.laptop("alice", &laptop);
     record_states(&client).await;
+    // The sync waits in its install step: the page says since when, and the time ticks.
+    let hold = ws.sandboxes.join("alice/hold-install");
+    let long_line = format!("{}\n", "a-long-line ".repeat(40));
+    std::fs::write(&hold, "").unwrap();
     let first = commit_push(
         &laptop,
-        &[("a.txt", Some("one\n")), ("package.json", Some("{}\n"))],
+        &[
+            ("a.txt", Some("one\n")),
+            ("package.json", Some("{}\n")),
+            ("long.txt", Some(long_line.as_str())),
+        ],
         "laptop: first",
     );
+    wait_label(&client, "Syncing").await;
+    let started = text_of(&client, "#status-elapsed").await.unwrap();
+    let later = eventually(&client, "the sync's time ticking", || async {
+        let now = text_of(&client, "#status-elapsed").await?;
+        (now != started).then_some(now)
+    })
+    .await;
+    for shown in [&started, &later] {
+        let seconds = shown.strip_suffix(" s").and_then(|n| n.parse::<u64>().ok());
+        assert!(seconds.is_some_and(|n| n < 60), "{shown:?}");
+    }
+    let badge = text_of(&client, "#status .status").await.unwrap();
+    assert!(
+        badge.starts_with("◐ Syncing · ") && badge.ends_with(" s"),
+        "{badge}"
+    );
+    screenshot(&client, &ws, "syncing").await;
+    std::fs::remove_file(&hold).unwrap();
     let (no_reload, states) = eventually(&client, "syncing, then ready", || async {
         let (no_reload, states) = recorded(&client).await;
         (states.iter().any(|s| s == "syncing")
@@ -346,6 +444,17 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
     assert_eq!(oldest.matches("shmastra.json").count(), 1, "{oldest}");
     assert_eq!(oldest.matches("autosave").count(), 1, "{oldest}");
     screenshot(&client, &ws, "history").await;
+    // The clone command and the token, on a phone (after the screenshots: the token stays out of
+    // them): whole, and copied by their buttons.
+    fits_narrow_and_copies(&client, "#clone-commands").await;
+    client
+        .find(Locator::Css("#project details summary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    fits_narrow_and_copies(&client, "#project-token").await;
     client
         .find(Locator::XPath(&format!(
             "{save}//a[contains(@class,'diff')]"
@@ -357,6 +466,8 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
         .unwrap();
     let diff = text_of(&client, ".file[data-path='a.txt']").await.unwrap();
     assert!(diff.contains("+ one"), "{diff}");
+    screenshot(&client, &ws, "save").await;
+    fits_narrow_and_copies(&client, ".file[data-path='long.txt'] pre.diff").await;
     client.back().await.unwrap();
     wait_label(&client, "Ready").await;
     client

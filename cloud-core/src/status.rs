@@ -5,14 +5,23 @@ use shmastra_contract::SyncFailure;
 
 /// A sandbox's state as the workspace page shows it. Stored as JSON tagged by `state`:
 /// `{"state": "broken", "failure": {"step": ..., "message": ..., "first": ..., "tail": ...}}`
-/// (`first` left out when empty).
+/// (`first` left out when empty). `syncing` and `restoring` carry `since`, when they began
+/// (RFC 3339); JSON stored before it existed reads as `since: None`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum SandboxStatus {
-    /// Bringing the sandbox to a pushed branch (`project-watcher sync`).
-    Syncing,
-    /// Going back to an earlier save (`Orchestrator::restore_to`).
-    Restoring,
+    /// Bringing the sandbox to a pushed branch (`project-watcher sync`), since then.
+    Syncing {
+        /// When the sync began, RFC 3339 (`None` in statuses stored without it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since: Option<String>,
+    },
+    /// Going back to an earlier save (`Orchestrator::restore_to`), since then.
+    Restoring {
+        /// When the restore began, RFC 3339 (`None` in statuses stored without it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since: Option<String>,
+    },
     /// The project is up and saved.
     Ready,
     /// The dev server was started (after re-provisioning, the restore form or a sync) and
@@ -64,6 +73,32 @@ pub enum SyncOutcome {
     },
 }
 
+impl SandboxStatus {
+    /// `Syncing`, begun now.
+    pub fn syncing_now() -> SandboxStatus {
+        SandboxStatus::Syncing { since: Some(now()) }
+    }
+
+    /// `Restoring`, begun now.
+    pub fn restoring_now() -> SandboxStatus {
+        SandboxStatus::Restoring { since: Some(now()) }
+    }
+
+    /// When a `Syncing` or `Restoring` status began, if it says.
+    pub fn since(&self) -> Option<&str> {
+        match self {
+            SandboxStatus::Syncing { since } | SandboxStatus::Restoring { since } => {
+                since.as_deref()
+            }
+            _ => None,
+        }
+    }
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
 impl SyncOutcome {
     /// The sandbox's status after a run that ended so.
     pub(crate) fn status(&self) -> SandboxStatus {
@@ -109,6 +144,8 @@ mod tests {
     fn statuses_round_trip_through_json() {
         for status in [
             SandboxStatus::Ready,
+            SandboxStatus::syncing_now(),
+            SandboxStatus::Restoring { since: None },
             SandboxStatus::Broken {
                 failure: SyncFailure::new("install", "`npm ci` failed").with_tail(["npm ERR!"]),
             },
@@ -135,6 +172,17 @@ mod tests {
             .unwrap(),
             serde_json::json!({"state": "provisioning", "step": "creating"})
         );
+        assert_eq!(
+            serde_json::from_str::<SandboxStatus>(r#"{"state": "syncing"}"#).unwrap(),
+            SandboxStatus::Syncing { since: None },
+            "a status stored before `since` still reads"
+        );
+        let since = SandboxStatus::restoring_now()
+            .since()
+            .map(str::to_owned)
+            .unwrap();
+        let began = humantime::parse_rfc3339(&since).unwrap();
+        assert!(began.elapsed().unwrap_or_default() < std::time::Duration::from_secs(60));
         let failed = SyncOutcome::Failed {
             failure: SyncFailure::new("install", "`npm ci` failed"),
         };

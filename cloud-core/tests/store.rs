@@ -446,7 +446,7 @@ async fn statuses_are_read_and_followed_from_every_replica(r: Replicas) {
     let mut follow = r.b.status_changes();
     assert_eq!(r.b.status("sb-1".into()).await.unwrap(), None);
     let before = SystemTime::now() - Duration::from_secs(1);
-    r.a.set_status("sb-1".into(), SandboxStatus::Syncing)
+    r.a.set_status("sb-1".into(), SandboxStatus::Syncing { since: None })
         .await
         .unwrap();
     let broken = SandboxStatus::Broken {
@@ -463,6 +463,17 @@ async fn statuses_are_read_and_followed_from_every_replica(r: Replicas) {
     .unwrap();
     let (status, changed_at) = r.b.status("sb-1".into()).await.unwrap().expect("a status");
     assert_eq!(status, broken);
+    let syncing = SandboxStatus::Syncing {
+        since: Some("2026-12-02T14:00:00Z".into()),
+    };
+    r.a.set_status("sb-3".into(), syncing.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        r.b.status("sb-3".into()).await.unwrap().map(|(s, _)| s),
+        Some(syncing),
+        "when a sync began is kept"
+    );
     assert!(changed_at >= before && changed_at <= SystemTime::now() + Duration::from_secs(1));
     // A follower hears the newest status of each sandbox, in the order they were made (an
     // intermediate one may be superseded before a poll reads it).
@@ -502,7 +513,7 @@ async fn token_generations_move_forward_per_user(r: Replicas) {
 
 async fn a_status_sink_writes_every_change_in_order(r: Replicas) {
     let sink = StoreStatusSink::new(r.a.clone());
-    sink.set_status("sb-9", SandboxStatus::Syncing);
+    sink.set_status("sb-9", SandboxStatus::Syncing { since: None });
     let needs = SandboxStatus::NeedsSecrets {
         names: vec!["API_KEY".into()],
     };

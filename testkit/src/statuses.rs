@@ -4,7 +4,34 @@ use std::sync::{Mutex, MutexGuard};
 
 use cloud_core::{SandboxStatus, StatusSink};
 
-/// Every `(sandbox, status)` set, in order.
+/// `status` with the start time of a `Syncing` or `Restoring` checked (set, RFC 3339, within the
+/// last minute; a minute ahead allowed for a clock's seconds) and left out, so tests compare
+/// sequences of statuses without a clock.
+pub fn timeless(status: SandboxStatus) -> SandboxStatus {
+    let check = |since: Option<String>| {
+        let since = since.expect("a syncing or restoring status says when it began");
+        let began = humantime::parse_rfc3339(&since).expect("since is RFC 3339");
+        let minute = std::time::Duration::from_secs(60);
+        let now = std::time::SystemTime::now();
+        assert!(
+            began + minute >= now && began <= now + minute,
+            "began now: {since}"
+        );
+    };
+    match status {
+        SandboxStatus::Syncing { since } => {
+            check(since);
+            SandboxStatus::Syncing { since: None }
+        }
+        SandboxStatus::Restoring { since } => {
+            check(since);
+            SandboxStatus::Restoring { since: None }
+        }
+        other => other,
+    }
+}
+
+/// Every `(sandbox, status)` set, in order, [`timeless`].
 #[derive(Default)]
 pub struct Statuses {
     /// The one sandbox statuses may be set for (another's panics), when given.
@@ -17,7 +44,7 @@ impl StatusSink for Statuses {
         if let Some(only) = &self.only {
             assert_eq!(sandbox, only, "a status for another sandbox: {status:?}");
         }
-        self.lock().push((sandbox.to_owned(), status));
+        self.lock().push((sandbox.to_owned(), timeless(status)));
     }
 }
 

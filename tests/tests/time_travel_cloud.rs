@@ -351,7 +351,10 @@ async fn restore_to_runs_the_watchers_restore_in_the_sandbox_and_reports_it() {
         .unwrap();
     assert_eq!(
         statuses.take(),
-        [SandboxStatus::Restoring, SandboxStatus::Ready]
+        [
+            SandboxStatus::Restoring { since: None },
+            SandboxStatus::Ready
+        ]
     );
     assert_eq!(done.from, first);
     assert_eq!(done.commit.as_deref(), Some(w.head().as_str()));
@@ -399,7 +402,10 @@ async fn restore_to_runs_the_watchers_restore_in_the_sandbox_and_reports_it() {
     }
     assert_eq!(
         statuses.take(),
-        [SandboxStatus::Restoring, SandboxStatus::Ready]
+        [
+            SandboxStatus::Restoring { since: None },
+            SandboxStatus::Ready
+        ]
     );
     assert_eq!(w.head(), head);
 

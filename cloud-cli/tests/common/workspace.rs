@@ -12,8 +12,10 @@ use super::Serve;
 pub const SECRET: &str = "workspace-page-secret-0123456789abcdef";
 
 /// The install command of the sandboxes' syncs: fails while the project holds `break-install`,
-/// as npm does, with its cause first and more lines of usage text after it than the tail keeps.
-pub const INSTALL_CMD: &str = "if [ -f break-install ]; then echo 'npm ERR! code ETARGET' >&2; \
+/// as npm does, with its cause first and more lines of usage text after it than the tail keeps;
+/// waits while the sandbox (the project's parent) holds `hold-install`, so a test sees a sync
+/// under way for as long as it needs.
+pub const INSTALL_CMD: &str = "while [ -f ../hold-install ]; do sleep 0.1; done; if [ -f break-install ]; then echo 'npm ERR! code ETARGET' >&2; \
      echo 'npm ERR! notarget No matching version found for left-pad@9.9.9' >&2; \
      for i in $(seq 1 60); do echo \"npm usage: --omit <dep type> ($i)\" >&2; done; exit 1; fi";
 

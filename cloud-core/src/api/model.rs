@@ -250,8 +250,8 @@ pub enum SandboxState {
 impl From<SandboxStatus> for SandboxState {
     fn from(status: SandboxStatus) -> Self {
         match status {
-            SandboxStatus::Syncing => SandboxState::Syncing,
-            SandboxStatus::Restoring => SandboxState::Restoring,
+            SandboxStatus::Syncing { .. } => SandboxState::Syncing,
+            SandboxStatus::Restoring { .. } => SandboxState::Restoring,
             SandboxStatus::Ready => SandboxState::Ready,
             SandboxStatus::Starting { url } => SandboxState::Starting { url },
             SandboxStatus::Broken { failure } => SandboxState::Broken {

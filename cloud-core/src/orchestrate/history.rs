@@ -229,7 +229,7 @@ impl<H: ProjectHost> Orchestrator<H> {
         if self.persistence.is_none() {
             return Err(RestoreToError::Off);
         }
-        status.set_status(sandbox.id(), SandboxStatus::Restoring);
+        status.set_status(sandbox.id(), SandboxStatus::restoring_now());
         let dir = sandbox.home().join(&self.layout.project_dir);
         let command = RestoreCommand::new(dir.display().to_string()).at(rev, paths);
         let exec = Exec::new(

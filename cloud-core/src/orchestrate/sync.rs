@@ -66,7 +66,7 @@ impl<H: ProjectHost> Orchestrator<H> {
         let Some(persistence) = &self.persistence else {
             return Ok(SyncOutcome::Synced { commit: None });
         };
-        status.set_status(sandbox.id(), SandboxStatus::Syncing);
+        status.set_status(sandbox.id(), SandboxStatus::syncing_now());
         let layout = &self.layout;
         let failure_file = sandbox.home().join(&layout.failure_file);
         let command = SyncCommand {

@@ -1,6 +1,7 @@
 // The workspace page's only script: the status and the history follow the server's events
 // without a reload, a restore's outcome is shown when it is known, times read as "3 min ago"
-// with the local time on hover, and restoring asks first.
+// with the local time on hover, a sync's or a restore's time so far ticks, and restoring asks
+// first.
 (function () {
   "use strict";
 
@@ -27,7 +28,7 @@
   }
 
   function localizeTimes(root) {
-    var times = root.querySelectorAll("time[datetime]");
+    var times = root.querySelectorAll("time[datetime]:not(#status-elapsed)");
     for (var i = 0; i < times.length; i++) {
       var at = new Date(times[i].getAttribute("datetime"));
       if (isNaN(at.getTime())) { continue; }
@@ -37,6 +38,45 @@
   }
   localizeTimes(document);
   window.setInterval(function () { localizeTimes(document); }, 30000);
+
+  // The same words as the server's first rendering (view.rs `elapsed_since`).
+  function elapsed(seconds) {
+    if (seconds < 60) { return seconds + " s"; }
+    if (seconds < 3600) { return Math.floor(seconds / 60) + " min " + (seconds % 60) + " s"; }
+    return Math.floor(seconds / 3600) + " h " + (Math.floor(seconds / 60) % 60) + " min";
+  }
+  window.setInterval(function () {
+    var since = document.getElementById("status-elapsed");
+    var began = since ? new Date(since.getAttribute("datetime")).getTime() : NaN;
+    if (!isNaN(began)) {
+      since.textContent = elapsed(Math.max(0, Math.floor((Date.now() - began) / 1000)));
+    }
+  }, 1000);
+
+  // A copy button copies its box's text; where the clipboard is refused, the text is selected
+  // for the reader's own Ctrl+C.
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest("button.copy") : null;
+    var box = button ? document.getElementById(button.dataset.copy) : null;
+    if (!box) {
+      return;
+    }
+    var select = function () {
+      var range = document.createRange();
+      range.selectNodeContents(box);
+      var selection = window.getSelection();
+      selection.removeAllRanges();
+      selection.addRange(range);
+      button.textContent = "Selected: press Ctrl+C";
+    };
+    if (!navigator.clipboard) {
+      select();
+      return;
+    }
+    navigator.clipboard.writeText(box.textContent).then(function () {
+      button.textContent = "Copied";
+    }, select);
+  });
 
   var main = document.getElementById("workspace");
   if (!main) {

@@ -120,18 +120,21 @@ mod tests {
     async fn check_remembered_and_broadcast(board: &dyn StatusBoard) {
         let mut changes = board.subscribe();
         assert_eq!(board.status("alice").await, None);
-        board.set_status("alice", SandboxStatus::Syncing);
+        board.set_status("alice", SandboxStatus::Syncing { since: None });
         board.set_status("bob", SandboxStatus::Ready);
         let seen = |change: StatusChange| (change.sandbox, change.status);
         assert_eq!(
             seen(changes.recv().await.unwrap()),
-            ("alice".to_owned(), SandboxStatus::Syncing)
+            ("alice".to_owned(), SandboxStatus::Syncing { since: None })
         );
         assert_eq!(
             seen(changes.recv().await.unwrap()),
             ("bob".to_owned(), SandboxStatus::Ready)
         );
-        assert_eq!(board.status("alice").await, Some(SandboxStatus::Syncing));
+        assert_eq!(
+            board.status("alice").await,
+            Some(SandboxStatus::Syncing { since: None })
+        );
     }
 
     #[tokio::test]

@@ -2,6 +2,8 @@
 //! server-sent events carry), the history fragment, a save's diff, and the one-message pages.
 //! Every state is text plus a shape, so it reads without colour.
 
+use std::time::SystemTime;
+
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use crate::orchestrate::history::Save;
@@ -133,9 +135,11 @@ fn badge(status: Option<&SandboxStatus>, sandboxes: bool) -> (&'static str, &'st
         None if sandboxes => ("starting", "◌", "Starting".into()),
         None => ("none", "○", "No sandbox on this server".into()),
         Some(SandboxStatus::Ready) => ("ready", "●", "Ready".into()),
-        Some(SandboxStatus::Syncing) => ("syncing", "◐", "Syncing".into()),
+        Some(SandboxStatus::Syncing { .. }) => ("syncing", "◐", "Syncing".into()),
         Some(SandboxStatus::Starting { .. }) => ("syncing", "◐", "Starting the dev server".into()),
-        Some(SandboxStatus::Restoring) => ("syncing", "◐", "Restoring an earlier version".into()),
+        Some(SandboxStatus::Restoring { .. }) => {
+            ("syncing", "◐", "Restoring an earlier version".into())
+        }
         Some(SandboxStatus::Provisioning { step }) => (
             "syncing",
             "◐",
@@ -166,6 +170,12 @@ pub fn status_fragment(
             span .dot aria-hidden="true" { (shape) }
             " "
             strong #status-label { (label) }
+            @if let Some(since) = status.and_then(SandboxStatus::since) {
+                " · "
+                time #status-elapsed datetime=(since) title={"since " (since)} {
+                    (elapsed_since(since, SystemTime::now()))
+                }
+            }
         }
         @match status {
             Some(SandboxStatus::Broken { failure }) => {
@@ -195,6 +205,20 @@ pub fn status_fragment(
             }
             _ => {}
         }
+    }
+}
+
+/// How long ago `since` (RFC 3339) was, as the page's script also counts it: `12 s`,
+/// `3 min 4 s`, `2 h 5 min`; `0 s` for a time ahead of `now` or unreadable.
+fn elapsed_since(since: &str, now: SystemTime) -> String {
+    let seconds = humantime::parse_rfc3339(since)
+        .ok()
+        .and_then(|began| now.duration_since(began).ok())
+        .map_or(0, |d| d.as_secs());
+    match seconds {
+        0..60 => format!("{seconds} s"),
+        60..3600 => format!("{} min {} s", seconds / 60, seconds % 60),
+        _ => format!("{} h {} min", seconds / 3600, seconds / 60 % 60),
     }
 }
 
@@ -245,17 +269,27 @@ fn project(link: Option<&ProjectLink>) -> Markup {
             }
             Some(ProjectLink::Embedded { clone_url, token }) => {
                 p { "Clone it on your laptop, edit, and push: your sandbox follows." }
+                (copy_button("clone-commands"))
                 pre #clone-commands {
                     "git clone " (clone_url) " shmastra\n"
                     "cd shmastra && git add -A && git commit -m 'my change' && git push"
                 }
                 details {
                     summary { "Git asks for a password: your project token" }
+                    (copy_button("project-token"))
                     code #project-token { (token) }
                 }
             }
             None => { p { "Project persistence is off on this server." } }
         }
+    }
+}
+
+/// A button the page's script makes copy the text of the element `target` (or select it, where
+/// the clipboard is refused).
+fn copy_button(target: &str) -> Markup {
+    html! {
+        button .copy type="button" data-copy=(target) { "Copy" }
     }
 }
 
@@ -361,8 +395,8 @@ pub fn diff_page(user: &str, csrf: &str, can_restore: bool, diff: &SaveDiff) -> 
                 @if diff.files.is_empty() {
                     p { "This save changed no file." }
                 }
-                @for file in &diff.files {
-                    (file_diff(user, csrf, can_restore, &diff.commit, file))
+                @for (index, file) in diff.files.iter().enumerate() {
+                    (file_diff(user, csrf, can_restore, &diff.commit, index, file))
                 }
                 @if diff.cut {
                     p .cut { "… the diff goes on: the page shows its first 1 MiB." }
@@ -373,8 +407,16 @@ pub fn diff_page(user: &str, csrf: &str, can_restore: bool, diff: &SaveDiff) -> 
     )
 }
 
-fn file_diff(user: &str, csrf: &str, can_restore: bool, commit: &str, file: &FileDiff) -> Markup {
+fn file_diff(
+    user: &str,
+    csrf: &str,
+    can_restore: bool,
+    commit: &str,
+    index: usize,
+    file: &FileDiff,
+) -> Markup {
     let (added, removed) = file.counts();
+    let id = format!("diff-{index}");
     html! {
         section .file data-path=(file.path) data-change=(file.change.as_str()) {
             h2 {
@@ -401,17 +443,21 @@ fn file_diff(user: &str, csrf: &str, can_restore: bool, commit: &str, file: &Fil
                 None if file.lines.is_empty() => {},
                 None if file.is_large() => details .lines {
                     summary { (file.lines.len()) " lines: show them" }
-                    (lines(&file.lines))
+                    (copy_button(&id))
+                    (lines(&id, &file.lines))
                 },
-                None => (lines(&file.lines)),
+                None => {
+                    (copy_button(&id))
+                    (lines(&id, &file.lines))
+                },
             }
         }
     }
 }
 
-fn lines(lines: &[Line]) -> Markup {
+fn lines(id: &str, lines: &[Line]) -> Markup {
     html! {
-        pre .diff {
+        pre .diff id=(id) {
             @for line in lines {
                 @match line.kind {
                     LineKind::Added => { span .add { "+ " (line.text) } "\n" }
@@ -440,6 +486,50 @@ pub fn to_event_data(markup: Markup) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sync_shows_how_long_it_has_run() {
+        let began = humantime::parse_rfc3339("2026-12-02T14:00:00Z").unwrap();
+        let check = |seconds: u64, expected: &str| {
+            let now = began + std::time::Duration::from_secs(seconds);
+            assert_eq!(elapsed_since("2026-12-02T14:00:00Z", now), expected);
+        };
+        check(12, "12 s");
+        check(184, "3 min 4 s");
+        check(7500, "2 h 5 min");
+        assert_eq!(
+            elapsed_since(
+                "2026-12-02T14:00:00Z",
+                began - std::time::Duration::from_secs(5)
+            ),
+            "0 s"
+        );
+        assert_eq!(elapsed_since("not a time", began), "0 s");
+        let html = to_event_data(status_fragment(
+            "alice",
+            "t",
+            Some(&SandboxStatus::Syncing {
+                since: Some("2026-12-02T14:00:00Z".into()),
+            }),
+            true,
+            &[],
+        ));
+        assert!(
+            html.contains(r#"<time id="status-elapsed" datetime="2026-12-02T14:00:00Z""#),
+            "{html}"
+        );
+        let old = to_event_data(status_fragment(
+            "alice",
+            "t",
+            Some(&SandboxStatus::Syncing { since: None }),
+            true,
+            &[],
+        ));
+        assert!(
+            old.contains("Syncing") && !old.contains("status-elapsed"),
+            "{old}"
+        );
+    }
 
     #[test]
     fn markup_is_escaped() {
