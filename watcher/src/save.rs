@@ -152,14 +152,14 @@ impl Saver {
         Saved {
             committed,
             skipped: self.skipped(),
-            index_unwritten: self.stager.has_unwritten(),
+            index_unwritten: self.stager.wants_write(),
             paused,
         }
     }
 
     /// Writes the index file when it is behind the in-memory index.
     fn write_index(&mut self) -> Result<IndexOutcome, SaveError> {
-        if !self.stager.has_unwritten() {
+        if !self.stager.wants_write() {
             return Ok(IndexOutcome::Done);
         }
         self.guarded(|saver| {
@@ -173,7 +173,7 @@ impl Saver {
                 None => {}
             }
             let _marker = saver.marker()?;
-            match saver.stager.write_index(&saver.repo) {
+            match saver.stager.write_index(&saver.repo, true) {
                 Err(StageError::Unmerged { .. }) => {}
                 result => {
                     result?;
@@ -249,7 +249,7 @@ impl Saver {
         // When HEAD moves, the index file holds what it names: a user's `git add; git commit`
         // right after never reverts the save.
         if commit::head_tree(&self.repo).map_err(git)? != Some(tree) {
-            self.stager.write_index(&self.repo)?;
+            self.stager.write_index(&self.repo, false)?;
         }
         self.mark_unwritten();
         commit::commit_tree(&self.repo, tree)

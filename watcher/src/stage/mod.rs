@@ -92,6 +92,10 @@ pub struct Stager {
     touched: BTreeSet<PathBuf>,
     /// Paths whose index entry changed since the index file was last written by the watcher.
     unwritten: BTreeSet<PathBuf>,
+    /// The index file was last written by a save, with its tree cache invalidated on the
+    /// changed paths (valid everywhere else, which git reads as it is): the quiet write makes
+    /// it whole.
+    cache_partial: bool,
     /// The first readable file of this batch that could not be stored.
     store_failure: Option<(PathBuf, git2::Error)>,
     /// Tracked ignored paths found by this batch, by the scope they replace in the set.
@@ -134,6 +138,7 @@ impl Stager {
             tree: None,
             touched: BTreeSet::new(),
             unwritten: BTreeSet::new(),
+            cache_partial: false,
             store_failure: None,
             tracked_ignored_found: Vec::new(),
             tracked_ignored: TrackedIgnored::default(),
@@ -230,12 +235,24 @@ impl Stager {
         !self.unwritten.is_empty()
     }
 
-    /// Writes the in-memory index to `.git/index` when it holds changes the file does not.
-    /// When someone else wrote the file since the watcher last read it, theirs is read first
-    /// and the watcher's unwritten paths are staged again on top. Call it with the repo lock
-    /// held. Returns whether it wrote.
-    pub fn write_index(&mut self, repo: &Repository) -> Result<bool, StageError> {
-        if self.unwritten.is_empty() {
+    /// Whether the quiet write has work: changes the file lacks, or its tree cache to make
+    /// whole after a save wrote it.
+    pub fn wants_write(&self) -> bool {
+        self.has_unwritten() || self.cache_partial
+    }
+
+    /// Writes the in-memory index to `.git/index` when it holds changes the file does not
+    /// (or, with `whole`, when its tree cache is not whole). When someone else wrote the file
+    /// since the watcher last read it, theirs is read first and the watcher's unwritten paths
+    /// are staged again on top. Call it with the repo lock held. Returns whether it wrote.
+    ///
+    /// `whole`: the tree cache is made whole first (libgit2's `write_tree` reads every tree
+    /// of the index back to rebuild it, O(tree)), so git, and the next start, find every tree
+    /// without computing it: the quiet write. Without it (a save, before `HEAD` moves) the
+    /// cache is written as the saves left it, invalid on the changed paths only, which git
+    /// reads and recomputes as it needs.
+    pub fn write_index(&mut self, repo: &Repository, whole: bool) -> Result<bool, StageError> {
+        if self.unwritten.is_empty() && !(whole && self.cache_partial) {
             return Ok(false);
         }
         if self.index_file.written_elsewhere() {
@@ -245,14 +262,15 @@ impl Stager {
             dir: self.workdir.clone(),
             source,
         };
-        // Makes the tree cache whole again (the saves only invalidated it), so git, and the
-        // next start, find every tree of the index without computing it.
-        let tree = self.index.write_tree().map_err(err)?;
-        if self.touched.is_empty() {
-            self.tree = Some(tree);
+        if whole {
+            let tree = self.index.write_tree().map_err(err)?;
+            if self.touched.is_empty() {
+                self.tree = Some(tree);
+            }
         }
         self.index_file.write(&mut self.index).map_err(err)?;
         self.unwritten.clear();
+        self.cache_partial = !whole;
         Ok(true)
     }
 
