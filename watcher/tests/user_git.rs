@@ -714,7 +714,12 @@ impl Twin {
                     let linked = linked.to_str().unwrap();
                     self.ok(&dir, &["worktree", "add", "-q", "-b", &branch, linked]);
                     fs::write(Path::new(linked).join("a.txt"), "in the linked worktree\n").unwrap();
-                    self.ok(Path::new(linked), &["commit", "-qam", "linked"]);
+                    // a.txt may be untracked (the watcher saved its deletion) or ignored there.
+                    self.ok(Path::new(linked), &["add", "-A"]);
+                    self.ok(
+                        Path::new(linked),
+                        &["commit", "-q", "--allow-empty", "-m", "linked"],
+                    );
                     self.ok(&dir, &["worktree", "remove", "--force", linked]);
                 }
             }
