@@ -6,6 +6,7 @@
 use std::fs::{self, FileType, Metadata};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::filter::{Filter, RuleWarning};
 
@@ -92,15 +93,23 @@ pub trait Dirs {
     }
 }
 
-/// A batch's rules for a walk: they do not change on the way, and nothing is watched.
-pub struct Snapshot<'a>(pub &'a Filter);
+/// A batch's rules for the stage's walks, each directory's `.gitignore` read again as the walk
+/// enters it (as `git add -A` reads it then), and nothing watched: a directory moved in after
+/// the batch's snapshot was taken (a subtree walked from its parent) is judged by the rules it
+/// holds, not by none. The snapshot is copied once, at the first directory; the watch stage
+/// reports the rules files' warnings, so these are dropped.
+pub struct Fresh(pub Arc<Filter>);
 
-impl Dirs for Snapshot<'_> {
+impl Dirs for Fresh {
     fn rules(&self) -> &Filter {
-        self.0
+        &self.0
     }
 
-    fn enter(&mut self, _dir: &Path, _git_dir: bool) {}
+    fn enter(&mut self, dir: &Path, git_dir: bool) {
+        if !git_dir {
+            Arc::make_mut(&mut self.0).load_dir(dir);
+        }
+    }
 }
 
 /// Rules loaded on the way down every directory a watch would need, and nothing watched:
@@ -354,5 +363,36 @@ mod tests {
             .map(PathBuf::from)
             .collect();
         assert_eq!(seen.files, expected);
+    }
+
+    /// `a` moved to `b/x` after the batch's rules were taken: the walk of `b` judges `b/x` by
+    /// the `.gitignore` it holds, not by none (the snapshot has no rules for `b/x`).
+    #[test]
+    fn a_stage_walk_reads_the_rules_of_a_directory_moved_in_after_the_snapshot() {
+        let tmp = tempfile::tempdir().unwrap();
+        let workdir = tmp.path().join("w");
+        fs::create_dir_all(workdir.join("b")).unwrap();
+        let (mut snapshot, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
+        snapshot.load_dir(Path::new(""));
+        snapshot.load_dir(Path::new("b"));
+        let moved = workdir.join("b/x");
+        fs::create_dir_all(moved.join("c")).unwrap();
+        fs::write(moved.join(".gitignore"), "***/c\n").unwrap();
+        fs::write(moved.join("c/f"), "ignored").unwrap();
+        fs::write(moved.join("k"), "kept").unwrap();
+        let snapshot = Arc::new(snapshot);
+        let mut dirs = Fresh(Arc::clone(&snapshot));
+        let mut seen = Seen::default();
+        walk(&workdir, Path::new("b"), true, &mut dirs, &mut seen);
+        seen.files.sort();
+        let expected: Vec<PathBuf> = ["b/x/.gitignore", "b/x/k"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(seen.files, expected);
+        assert!(
+            !snapshot.has_rules_below(Path::new("b/x")),
+            "the batch's snapshot itself is left as it was"
+        );
     }
 }

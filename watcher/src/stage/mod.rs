@@ -183,11 +183,10 @@ impl Stager {
         if let Some(rules) = &changes.rules {
             self.rules = Arc::clone(&rules.filter);
         }
-        let rules = Arc::clone(&self.rules);
-        let mut snapshot = scan::Snapshot(&rules);
+        let mut fresh = scan::Fresh(Arc::clone(&self.rules));
         let dirs: &mut dyn Dirs = match walker {
             Some(walker) => walker,
-            None => &mut snapshot,
+            None => &mut fresh,
         };
         let (subtrees, paths) = changes.minimal();
         self.remove_gone_attributes(

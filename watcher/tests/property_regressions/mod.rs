@@ -195,5 +195,29 @@ pub fn cases() -> Vec<(Vec<Setup>, Vec<Op>, bool, bool)> {
             false,
             true,
         ),
+        // Seed bea080b1ab71, an intermittent race: paths under `b/x/build` committed though
+        // ignored, after `Rules` in `a` and `MoveDir a → b/x`.
+        (
+            vec![],
+            vec![
+                Op::RemoveDir { dir: 3 }, Op::Append { dir: 2, name: 5 },
+                Op::Executable { dir: 4, name: 1, on: true }, Op::WriteText { dir: 0, name: 7, text: 2 },
+                Op::Executable { dir: 3, name: 1, on: false }, Op::Write { dir: 2, name: 5, body: 139 },
+                Op::Append { dir: 2, name: 6 }, Op::MoveDir { from: 2, to: (5, 1) },
+                Op::Rename { from: (6, 1), to: (6, 1) }, Op::WriteText { dir: 0, name: 7, text: 7 },
+                Op::Rename { from: (2, 7), to: (0, 5) }, Op::Burst { dir: 0, count: 37 },
+                Op::Rename { from: (7, 1), to: (4, 3) }, Op::Write { dir: 6, name: 0, body: 108 },
+                Op::Rules { dir: 2, lines: vec![14, 2] }, Op::Burst { dir: 5, count: 56 },
+                Op::Rules { dir: 0, lines: vec![] }, Op::Mkdir { dir: 0, name: 5 },
+                Op::Rename { from: (4, 2), to: (4, 1) }, Op::Remove { dir: 2, name: 6 },
+                Op::Write { dir: 5, name: 5, body: 109 }, Op::Write { dir: 2, name: 0, body: 235 },
+                Op::Symlink { at: (3, 4), target: 1 }, Op::Write { dir: 3, name: 7, body: 53 },
+                Op::NestedRepo { dir: 1, name: 2 }, Op::Append { dir: 1, name: 7 },
+                Op::Rules { dir: 1, lines: vec![5, 15] }, Op::Write { dir: 7, name: 3, body: 67 },
+                Op::WriteText { dir: 3, name: 4, text: 2 }, Op::MoveDir { from: 1, to: (3, 0) },
+            ],
+            false,
+            false,
+        ),
     ]
 }
