@@ -315,6 +315,15 @@ async fn sign_in_expired_and_reused_links_and_another_users_page() {
     client.goto(&ws.serve.url("/u/alice")).await.unwrap();
     assert_eq!(text_of(&client, "h1").await.unwrap(), "Not your project");
     screenshot(&client, &ws, "other-user-refused").await;
+    // The refusal leads bob to his own workspace.
+    client
+        .find(Locator::Id("own-workspace"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text_of(&client, "h1").await.unwrap(), "Workspace of bob");
     client.close().await.unwrap();
     ws.stop();
 }

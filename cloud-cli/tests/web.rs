@@ -1,6 +1,7 @@
 //! The workspace page over plain HTTP against the real `serve` (no browser): sign-in links
 //! (one use, expiry, forgery), the session cookie's flags, the security headers, another
-//! user's project (403), and CSRF (token and Origin) on every state-changing request.
+//! user's project (403, leading to the user's own), CSRF (token and Origin) on every
+//! state-changing request, and "Restore only this file" refusing what is not a file of a save.
 
 mod common;
 
@@ -66,11 +67,25 @@ fn a_link_signs_in_once_expires_and_cannot_be_forged() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(body.contains("not valid"), "{body}");
     // The forgery spent nothing: the real link still signs in.
-    sign_in(&fresh);
+    let (cookie, _) = sign_in(&fresh);
+
+    // Without a session a refused link's page names no workspace; with one, it leads to the
+    // user's own.
+    for refused in [&link, &expired, &forged] {
+        let (_, _, body) = get(refused, None);
+        assert!(!body.contains("own-workspace"), "{body}");
+        let (status, _, body) = get(refused, Some(&cookie));
+        assert_ne!(status, StatusCode::OK, "{body}");
+        assert!(
+            body.contains(r#"<a id="own-workspace" href="/u/alice">"#),
+            "{body}"
+        );
+    }
 
     let (status, _, body) = get(&ws.serve.url("/u/alice"), None);
     assert_eq!(status, StatusCode::UNAUTHORIZED, "no session");
     assert!(body.contains("login-link"), "{body}");
+    assert!(!body.contains("own-workspace"), "{body}");
     let (status, _, _) = get(
         &ws.serve.url("/u/alice"),
         Some("s2.YWxpY2U.0.9999999999.AAAA.AAAA"),
@@ -130,6 +145,11 @@ fn another_users_project_is_forbidden() {
         let (status, _, body) = get(&ws.serve.url(path), Some(&bob));
         assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
         assert!(!body.contains("a.txt"), "{path} leaked alice's project");
+        assert!(
+            body.contains(r#"<a id="own-workspace" href="/u/bob">"#),
+            "{path}: the refusal leads bob to his own workspace: {body}"
+        );
+        assert!(!body.contains(r#"href="/u/alice"#), "{path}: {body}");
     }
     let commit = git(&ws.upstream_repo("alice"), ["rev-parse", "main"]);
     let (status, _, _) = get(
@@ -147,6 +167,107 @@ fn another_users_project_is_forbidden() {
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _, _) = get(&ws.serve.url("/u/alice"), Some(&alice));
     assert_eq!(status, StatusCode::OK);
+}
+
+/// A refused form: what is wrong with it, the form, the answer.
+type Refusal<'a> = (&'a str, &'a [(&'a str, &'a str)], StatusCode);
+
+/// "Restore only this file" refuses, before anything runs, a form that does not name a file of
+/// a save as git spells it, and one from another user or without the session's token.
+#[test]
+fn restore_file_refuses_what_is_not_a_file_of_a_save() {
+    let ws = Workspace::start(&[], |_| {});
+    let tmp = tempfile::tempdir().unwrap();
+    let (cookie, page) = alice_with_a_save(&ws, tmp.path());
+    let csrf = csrf_of(&page);
+    let (bob, _) = sign_in(&ws.link("bob", "15m"));
+    let upstream = ws.upstream_repo("alice");
+    let head = git(&upstream, ["rev-parse", "main"]);
+    let head = head.trim();
+    let url = ws.serve.url("/u/alice/restore-file");
+    let long = "d/".repeat(2100) + "a.txt";
+    let bad: [Refusal; 12] = [
+        (
+            "no token",
+            &[("commit", head), ("path", "a.txt")],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "a wrong token",
+            &[("csrf", "x"), ("commit", head), ("path", "a.txt")],
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "no path",
+            &[("csrf", &csrf), ("commit", head)],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "no save",
+            &[("csrf", &csrf), ("path", "a.txt")],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "not a save id",
+            &[("csrf", &csrf), ("commit", "main"), ("path", "a.txt")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "an empty path",
+            &[("csrf", &csrf), ("commit", head), ("path", "")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a parent",
+            &[("csrf", &csrf), ("commit", head), ("path", "../a.txt")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a parent inside",
+            &[("csrf", &csrf), ("commit", head), ("path", "d/../../a.txt")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "an absolute path",
+            &[("csrf", &csrf), ("commit", head), ("path", "/etc/passwd")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a dot segment",
+            &[("csrf", &csrf), ("commit", head), ("path", "./a.txt")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "an empty segment",
+            &[("csrf", &csrf), ("commit", head), ("path", "d//a.txt")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "a path over 4096 bytes",
+            &[("csrf", &csrf), ("commit", head), ("path", &long)],
+            StatusCode::BAD_REQUEST,
+        ),
+    ];
+    for (what, form, expected) in bad {
+        let (status, body) = post(&url, &cookie, None, form);
+        assert_eq!(status, expected, "{what}: {body}");
+    }
+    let (status, body) = post(
+        &url,
+        &bob,
+        None,
+        &[("csrf", &csrf), ("commit", head), ("path", "a.txt")],
+    );
+    assert_eq!(status, StatusCode::FORBIDDEN, "another user: {body}");
+    assert_eq!(git(&upstream, ["rev-parse", "main"]).trim(), head);
+    // The page's own form, to the same handler, is taken.
+    let (status, body) = post(
+        &url,
+        &cookie,
+        None,
+        &[("csrf", &csrf), ("commit", head), ("path", "a.txt")],
+    );
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
 }
 
 /// A refused POST: what it lacks, its `Origin`, its form.

@@ -76,6 +76,17 @@ impl CsrfForm for RestoreFileForm {
 /// The longest path "Restore only this file" sends.
 const MAX_RESTORED_PATH: usize = 4096;
 
+/// Whether `path` can name a file of a save as git spells it: relative, no empty, `.` or `..`
+/// segment (git's own `verify_path` refuses them), no NUL, not over [`MAX_RESTORED_PATH`].
+fn is_file_path(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= MAX_RESTORED_PATH
+        && !path.contains('\0')
+        && path
+            .split('/')
+            .all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
 /// "Restore only this file" on a save's page: that file as it was in the save, as a new save,
 /// in the background (`restore --at <commit> --path <path>`: the watcher refuses a path outside
 /// the project). Back to the workspace page, which says how it went.
@@ -90,7 +101,7 @@ pub(super) async fn restore_file<H: ProjectPages + SaveHistory, P: SandboxProvid
             "That is not a save id.",
         );
     }
-    if form.path.is_empty() || form.path.len() > MAX_RESTORED_PATH || form.path.contains('\0') {
+    if !is_file_path(&form.path) {
         return message(
             StatusCode::BAD_REQUEST,
             "Not a file",

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use tokio::sync::broadcast::error::RecvError;
 
-use super::respond::{html, message, see_other};
+use super::respond::{html, message, message_for, see_other};
 use super::session::{COOKIE, Owner, SIGN_IN_OFF, SignedIn};
 use super::signin::{self, LinkError};
 use super::view::{self, PageData, ProjectLink};
@@ -32,32 +32,39 @@ pub(super) struct LoginQuery {
     t: Option<String>,
 }
 
-/// The page of a refused link.
-fn link_refused(e: &LinkError) -> Response {
+/// The page of a refused link: to the user's own workspace when the browser's session is
+/// still valid (a link opened twice, an old link from a chat).
+async fn link_refused<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static>(
+    web: &Web<H, P>,
+    headers: &HeaderMap,
+    e: &LinkError,
+) -> Response {
     tracing::info!(reason = %e, "sign-in link refused");
     let status = match e {
         LinkError::Used => StatusCode::GONE,
         LinkError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         LinkError::Invalid | LinkError::Expired | LinkError::Revoked => StatusCode::UNAUTHORIZED,
     };
-    message(status, "Sign-in refused", &e.to_string())
+    let own = web.session(headers).await.ok().map(|session| session.user);
+    message_for(status, "Sign-in refused", &e.to_string(), own.as_ref())
 }
 
 /// `GET /login?t=LINK` (and `HEAD`): who the link signs in, and the button that does it.
 /// Nothing is spent: a link preview or a mail scanner leaves the link for its user.
 pub(super) async fn login_page<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static>(
     State(web): State<Arc<Web<H, P>>>,
+    headers: HeaderMap,
     Query(query): Query<LoginQuery>,
 ) -> Response {
     let Some(nonces) = &web.nonces else {
         return SIGN_IN_OFF.into_response();
     };
     let Some(link) = query.t.as_deref() else {
-        return link_refused(&LinkError::Invalid);
+        return link_refused(&web, &headers, &LinkError::Invalid).await;
     };
     match web.sign_in.inspect(link, &**nonces).await {
         Ok(user) => html(StatusCode::OK, view::sign_in_page(user.as_str(), link)),
-        Err(e) => link_refused(&e),
+        Err(e) => link_refused(&web, &headers, &e).await,
     }
 }
 
@@ -93,13 +100,13 @@ pub(super) async fn login<H: ProjectPages + SaveHistory, P: SandboxProvider + 's
     };
     let user = match redeemed {
         Ok(user) => user,
-        Err(e) => return link_refused(&e),
+        Err(e) => return link_refused(&web, &headers, &e).await,
     };
     let session = match web.sign_in.session(&user) {
         Ok(session) => session,
         Err(e) => {
             tracing::error!(user = %user, error = %e, "cannot bind a session to the token generation");
-            return link_refused(&LinkError::Unavailable);
+            return link_refused(&web, &headers, &LinkError::Unavailable).await;
         }
     };
     tracing::info!(user = %user, "signed in");

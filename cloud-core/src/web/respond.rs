@@ -6,6 +6,7 @@ use http::{HeaderValue, StatusCode, header};
 use maud::Markup;
 
 use super::view;
+use crate::user::UserId;
 
 /// The page's headers on every answer: no caching (the form, the token), no framing, no
 /// referrer to other sites (the sign-in link is in a URL; `no-referrer` would make browsers send
@@ -38,15 +39,34 @@ pub(super) fn html(status: StatusCode, markup: Markup) -> Response {
 }
 
 pub(super) fn message(status: StatusCode, title: &str, text: &str) -> Response {
-    html(status, view::message_page(title, text))
+    message_for(status, title, text, None)
 }
 
-/// A request the page turns away: status, title, message.
-pub(super) struct Refused(pub StatusCode, pub &'static str, pub &'static str);
+/// [`message`], with a link to `own`'s workspace when a valid session signs `own` in.
+pub(super) fn message_for(
+    status: StatusCode,
+    title: &str,
+    text: &str,
+    own: Option<&UserId>,
+) -> Response {
+    html(
+        status,
+        view::message_page(title, text, own.map(UserId::as_str)),
+    )
+}
+
+/// A request the page turns away: status, title, message, and the signed-in user when the
+/// session is valid (the page then links to their own workspace).
+pub(super) struct Refused(
+    pub StatusCode,
+    pub &'static str,
+    pub &'static str,
+    pub Option<UserId>,
+);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
-        message(self.0, self.1, self.2)
+        message_for(self.0, self.1, self.2, self.3.as_ref())
     }
 }
 

@@ -25,6 +25,7 @@ pub(super) const SIGN_IN_OFF: Refused = Refused(
     StatusCode::SERVICE_UNAVAILABLE,
     "Sign-in is off",
     "This server has nowhere durable to remember used sign-in links (no --database-url and no SHMASTRA_TOKEN_STATE), so it signs no one in.",
+    None,
 );
 
 /// A signed-in session.
@@ -114,11 +115,12 @@ async fn path_user<H: ProjectPages, P: SandboxProvider + 'static>(
 
 impl<H: ProjectPages, P: SandboxProvider + 'static> Web<H, P> {
     /// The signed-in session, or the page that says to sign in (or why no one can now).
-    async fn session(&self, headers: &HeaderMap) -> Result<Session, Refused> {
+    pub(super) async fn session(&self, headers: &HeaderMap) -> Result<Session, Refused> {
         let not_signed_in = Refused(
             StatusCode::UNAUTHORIZED,
             "Sign in",
             "You are not signed in, or your session ended. Ask for a sign-in link (shmastra-cloud login-link --user YOU) and open it.",
+            None,
         );
         let Some(nonces) = &self.nonces else {
             return Err(SIGN_IN_OFF);
@@ -130,11 +132,13 @@ impl<H: ProjectPages, P: SandboxProvider + 'static> Web<H, P> {
                 StatusCode::UNAUTHORIZED,
                 "Sign in",
                 "You are not signed in, or your session ended. Ask for a sign-in link (shmastra-cloud login-link --user YOU) and open it.",
+                None,
             )),
             Err(SessionError::Unavailable) => Err(Refused(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Try again",
                 "Your session cannot be checked right now: reload the page in a minute.",
+                None,
             )),
         }
     }
@@ -148,6 +152,7 @@ impl<H: ProjectPages, P: SandboxProvider + 'static> Web<H, P> {
                 StatusCode::FORBIDDEN,
                 "Not your project",
                 "This project belongs to another user.",
+                Some(session.user),
             ));
         }
         Ok(session)
@@ -172,6 +177,7 @@ impl<H: ProjectPages, P: SandboxProvider + 'static> Web<H, P> {
                 StatusCode::FORBIDDEN,
                 "Refused",
                 "This form did not come from your workspace page. Reload the page and try again.",
+                Some(session.user),
             ));
         }
         Ok(session)

@@ -46,14 +46,18 @@ fn layout(title: &str, body: Markup) -> Markup {
     }
 }
 
-/// A page with one message (a refused link, a missing session, a forbidden project).
-pub fn message_page(title: &str, message: &str) -> Markup {
+/// A page with one message (a refused link, a missing session, a forbidden project); with
+/// `own`, the user a valid session signs in, a link to their own workspace.
+pub fn message_page(title: &str, message: &str, own: Option<&str>) -> Markup {
     layout(
         title,
         html! {
             main {
                 h1 { (title) }
                 p #message { (message) }
+                @if let Some(user) = own {
+                    p { a #own-workspace href={"/u/" (user)} { "Go to your workspace" } }
+                }
             }
         },
     )
