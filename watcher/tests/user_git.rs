@@ -612,6 +612,31 @@ impl Twin {
         self.both(args);
     }
 
+    /// What a user does when the abort itself is refused (`merge --abort` with a file edited
+    /// since: "Entry 'o.txt' not uptodate. Cannot merge"): forgets the operation and drops the
+    /// edits.
+    fn quit(&self) {
+        let markers = Self::markers(&self.plain);
+        let args: &[&str] = match markers.first().copied() {
+            Some("rebase-apply") if self.plain.join(".git/rebase-apply/applying").exists() => {
+                &["am", "--quit"]
+            }
+            Some("rebase-merge") | Some("rebase-apply") => &["rebase", "--quit"],
+            Some("CHERRY_PICK_HEAD") | Some("REVERT_HEAD") | Some("sequencer") => {
+                &["cherry-pick", "--quit"]
+            }
+            Some("BISECT_LOG") => &["bisect", "reset"],
+            _ if self.expected_pause().as_deref() == Some("detached") => {
+                &["checkout", "-q", "-f", "main"]
+            }
+            _ => &[],
+        };
+        if !args.is_empty() {
+            self.both(args);
+        }
+        self.both(&["reset", "-q", "--hard"]);
+    }
+
     /// Starts one operation of `kind` in both.
     fn operate(&mut self, kind: Kind, rng: &mut Rng) {
         self.serial += 1;
@@ -780,11 +805,15 @@ fn the_users_git_is_never_saved_into_and_what_it_leaves_is_saved_as_git_add_all(
             twin.settle();
         }
         // The case ends with git done: the watcher saves what it left.
-        for _ in 0..6 {
+        for attempt in 0..6 {
             if twin.expected_pause().is_none() {
                 break;
             }
-            twin.abort();
+            if attempt < 3 {
+                twin.abort();
+            } else {
+                twin.quit();
+            }
             twin.settle();
         }
         assert!(twin.expected_pause().is_none(), "{last:?} never ended");
