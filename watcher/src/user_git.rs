@@ -521,7 +521,9 @@ mod tests {
             "the editor of git commit",
             || {
                 let found = places.git_processes(None);
-                (!found.is_empty()).then_some(found)
+                // `git commit` forks to run the editor: until the child execs, it is a
+                // `git commit` in the repository too.
+                (found.len() == 1).then_some(found)
             },
         );
         assert_eq!(
