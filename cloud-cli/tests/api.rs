@@ -641,3 +641,46 @@ fn the_typescript_client_suite_passes_against_serve() {
         "{report}"
     );
 }
+
+#[test]
+fn a_sync_under_way_says_since_when_and_a_ready_sandbox_says_no_time() {
+    let (ws, _state) = start(&[]);
+    let sandbox = "/api/v1/users/grace/sandbox";
+    let (status, _, op) = call(&ws, "POST", sandbox, Some(KEY), Some(json!({})), None);
+    assert_eq!(status, StatusCode::ACCEPTED, "{op}");
+    assert_eq!(finished(&ws, &op)["state"], "succeeded");
+    // The sync's install step waits while the sandbox holds `hold-install`.
+    let hold = ws.sandboxes.join("grace/hold-install");
+    std::fs::write(&hold, "").expect("hold the install");
+    let asked = std::time::SystemTime::now();
+    let (status, _, op) = call(
+        &ws,
+        "POST",
+        "/api/v1/users/grace/sync",
+        Some(KEY),
+        None,
+        None,
+    );
+    assert_eq!(status, StatusCode::ACCEPTED, "{op}");
+    let syncing = testkit::wait::until_seen(PATIENCE, "the sync under way", || {
+        let (_, _, view) = call(&ws, "GET", sandbox, Some(KEY), None, None);
+        match view["status"]["state"].as_str() {
+            Some("syncing") => Ok(view),
+            _ => Err(view),
+        }
+    });
+    let since = syncing["status"]["since"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no since: {syncing}"));
+    let began = humantime::parse_rfc3339(since).expect("RFC 3339 UTC");
+    // RFC 3339 here is to the second.
+    let second = std::time::Duration::from_secs(1);
+    assert!(
+        began + second >= asked && began <= std::time::SystemTime::now(),
+        "{since} is not when the sync began"
+    );
+    std::fs::remove_file(&hold).expect("let the install go on");
+    assert_eq!(finished(&ws, &op)["state"], "succeeded");
+    let (_, _, view) = call(&ws, "GET", sandbox, Some(KEY), None, None);
+    assert_eq!(view["status"], json!({"state": "ready"}), "{view}");
+}

@@ -173,33 +173,50 @@ fn another_users_project_is_forbidden() {
 type Refusal<'a> = (&'a str, &'a [(&'a str, &'a str)], StatusCode);
 
 /// "Restore only this file" refuses, before anything runs, a form that does not name a file of
-/// a save as git spells it, and one from another user or without the session's token.
+/// a save as git spells it, a save the project does not have, a file the save did not make, and
+/// one from another user or without the session's token: the sandbox's file keeps its bytes
+/// and no restore is saved. The page's own form then restores the file.
 #[test]
 fn restore_file_refuses_what_is_not_a_file_of_a_save() {
     let ws = Workspace::start(&[], |_| {});
     let tmp = tempfile::tempdir().unwrap();
-    let (cookie, page) = alice_with_a_save(&ws, tmp.path());
+    let laptop = tmp.path();
+    let (cookie, _) = alice_with_a_save(&ws, laptop);
+    let first = git(laptop, ["rev-parse", "HEAD"]);
+    let first = first.trim();
+    std::fs::write(laptop.join("a.txt"), "two\n").unwrap();
+    std::fs::write(laptop.join("b.txt"), "new\n").unwrap();
+    git(laptop, ["add", "-A"]);
+    git(laptop, ["commit", "-qm", "second"]);
+    // The sandbox's watcher has saved since (its `shmastra.json`).
+    git(laptop, ["pull", "-q", "--rebase", "origin", "main"]);
+    git(laptop, ["push", "-q", "origin", "HEAD:main"]);
+    let second = git(laptop, ["rev-parse", "HEAD"]);
+    let in_sandbox = ws.project("alice").join("a.txt");
+    let sandbox_holds = |bytes: &[u8]| std::fs::read(&in_sandbox).ok().as_deref() == Some(bytes);
+    testkit::wait::until(PATIENCE, "the second save in the sandbox", || {
+        sandbox_holds(b"two\n").then_some(())
+    });
+    let (_, _, page) = get(&ws.serve.url("/u/alice"), Some(&cookie));
     let csrf = csrf_of(&page);
     let (bob, _) = sign_in(&ws.link("bob", "15m"));
-    let upstream = ws.upstream_repo("alice");
-    let head = git(&upstream, ["rev-parse", "main"]);
-    let head = head.trim();
     let url = ws.serve.url("/u/alice/restore-file");
     let long = "d/".repeat(2100) + "a.txt";
-    let bad: [Refusal; 12] = [
+    let elsewhere = "0123456789abcdef0123456789abcdef01234567";
+    let bad: [Refusal; 14] = [
         (
             "no token",
-            &[("commit", head), ("path", "a.txt")],
+            &[("commit", first), ("path", "a.txt")],
             StatusCode::FORBIDDEN,
         ),
         (
             "a wrong token",
-            &[("csrf", "x"), ("commit", head), ("path", "a.txt")],
+            &[("csrf", "x"), ("commit", first), ("path", "a.txt")],
             StatusCode::FORBIDDEN,
         ),
         (
             "no path",
-            &[("csrf", &csrf), ("commit", head)],
+            &[("csrf", &csrf), ("commit", first)],
             StatusCode::UNPROCESSABLE_ENTITY,
         ),
         (
@@ -213,38 +230,52 @@ fn restore_file_refuses_what_is_not_a_file_of_a_save() {
             StatusCode::BAD_REQUEST,
         ),
         (
+            "a save the project does not have",
+            &[("csrf", &csrf), ("commit", elsewhere), ("path", "a.txt")],
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "a file the save did not make",
+            &[("csrf", &csrf), ("commit", first), ("path", "b.txt")],
+            StatusCode::BAD_REQUEST,
+        ),
+        (
             "an empty path",
-            &[("csrf", &csrf), ("commit", head), ("path", "")],
+            &[("csrf", &csrf), ("commit", first), ("path", "")],
             StatusCode::BAD_REQUEST,
         ),
         (
             "a parent",
-            &[("csrf", &csrf), ("commit", head), ("path", "../a.txt")],
+            &[("csrf", &csrf), ("commit", first), ("path", "../a.txt")],
             StatusCode::BAD_REQUEST,
         ),
         (
             "a parent inside",
-            &[("csrf", &csrf), ("commit", head), ("path", "d/../../a.txt")],
+            &[
+                ("csrf", &csrf),
+                ("commit", first),
+                ("path", "d/../../a.txt"),
+            ],
             StatusCode::BAD_REQUEST,
         ),
         (
             "an absolute path",
-            &[("csrf", &csrf), ("commit", head), ("path", "/etc/passwd")],
+            &[("csrf", &csrf), ("commit", first), ("path", "/etc/passwd")],
             StatusCode::BAD_REQUEST,
         ),
         (
             "a dot segment",
-            &[("csrf", &csrf), ("commit", head), ("path", "./a.txt")],
+            &[("csrf", &csrf), ("commit", first), ("path", "./a.txt")],
             StatusCode::BAD_REQUEST,
         ),
         (
             "an empty segment",
-            &[("csrf", &csrf), ("commit", head), ("path", "d//a.txt")],
+            &[("csrf", &csrf), ("commit", first), ("path", "d//a.txt")],
             StatusCode::BAD_REQUEST,
         ),
         (
             "a path over 4096 bytes",
-            &[("csrf", &csrf), ("commit", head), ("path", &long)],
+            &[("csrf", &csrf), ("commit", first), ("path", &long)],
             StatusCode::BAD_REQUEST,
         ),
     ];
@@ -256,23 +287,31 @@ fn restore_file_refuses_what_is_not_a_file_of_a_save() {
         &url,
         &bob,
         None,
-        &[("csrf", &csrf), ("commit", head), ("path", "a.txt")],
+        &[("csrf", &csrf), ("commit", first), ("path", "a.txt")],
     );
     assert_eq!(status, StatusCode::FORBIDDEN, "another user: {body}");
+    assert!(sandbox_holds(b"two\n"), "a refused form changed a.txt");
     // No restore came of them (the sandbox's watcher may have saved on its own meanwhile).
-    let since = git(&upstream, ["log", "--format=%s", &format!("{head}..main")]);
+    let upstream = ws.upstream_repo("alice");
+    let since = git(
+        &upstream,
+        ["log", "--format=%s", &format!("{}..main", second.trim())],
+    );
     assert!(
         !since.lines().any(|subject| subject.starts_with("restore")),
         "{since}"
     );
-    // The page's own form, to the same handler, is taken.
+    // The page's own form, to the same handler, is taken: a.txt is as the first save made it.
     let (status, body) = post(
         &url,
         &cookie,
         None,
-        &[("csrf", &csrf), ("commit", head), ("path", "a.txt")],
+        &[("csrf", &csrf), ("commit", first), ("path", "a.txt")],
     );
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    testkit::wait::until(PATIENCE, "a.txt restored in the sandbox", || {
+        sandbox_holds(b"one\n").then_some(())
+    });
 }
 
 /// A refused POST: what it lacks, its `Origin`, its form.

@@ -215,9 +215,17 @@ impl From<RestoredTo> for RestoreResult {
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum SandboxState {
     /// Bringing the sandbox to a pushed branch.
-    Syncing,
+    Syncing {
+        /// When the sync began, RFC 3339 UTC (absent in statuses stored before it was kept).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        since: Option<String>,
+    },
     /// Going back to an earlier save.
-    Restoring,
+    Restoring {
+        /// When the restore began, RFC 3339 UTC (absent in statuses stored before it was kept).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        since: Option<String>,
+    },
     /// The project is up and saved.
     Ready,
     /// The dev server was started and its health check has not answered yet.
@@ -250,8 +258,8 @@ pub enum SandboxState {
 impl From<SandboxStatus> for SandboxState {
     fn from(status: SandboxStatus) -> Self {
         match status {
-            SandboxStatus::Syncing { .. } => SandboxState::Syncing,
-            SandboxStatus::Restoring { .. } => SandboxState::Restoring,
+            SandboxStatus::Syncing { since } => SandboxState::Syncing { since },
+            SandboxStatus::Restoring { since } => SandboxState::Restoring { since },
             SandboxStatus::Ready => SandboxState::Ready,
             SandboxStatus::Starting { url } => SandboxState::Starting { url },
             SandboxStatus::Broken { failure } => SandboxState::Broken {

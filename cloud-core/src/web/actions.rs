@@ -11,15 +11,17 @@ use tokio::sync::broadcast::error::RecvError;
 use super::Web;
 use super::flash::Flash;
 use super::pages::is_commit_id;
-use super::respond::{message, see_other};
+use super::respond::{busy_reading_saves, message, see_other};
 use super::session::{CsrfForm, Posted};
 use super::view;
-use crate::host::ProjectPages;
+use crate::host::{Diff, ProjectPages};
 use crate::orchestrate::OrchestrateError;
 use crate::orchestrate::history::SaveHistory;
+use crate::patch::Change;
 use crate::provider::SandboxProvider;
 use crate::secrets::SecretValue;
 use crate::status::SandboxStatus;
+use crate::user::UserId;
 
 /// The form's secret fields are named `env.<NAME>`; an empty field counts as not given.
 const SECRET_FIELD: &str = "env.";
@@ -87,9 +89,38 @@ fn is_file_path(path: &str) -> bool {
             .all(|segment| !matches!(segment, "" | "." | ".."))
 }
 
+/// Why `path` of `commit` is not a file the save's page offers to restore, where this server
+/// shows the save: a save the project does not have (404), a file the save did not change or
+/// deleted (400). `None` when it is one, or when the host shows the save (GitLab) or its file
+/// list was cut: then the watcher's `restore --at` decides.
+async fn not_a_file_of_the_save<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static>(
+    web: &Web<H, P>,
+    user: &UserId,
+    commit: &str,
+    path: &str,
+) -> Option<Response> {
+    match web.backend.orchestrator().host()?.diff(user, commit).await {
+        Diff::Save(diff) => (!diff.cut
+            && !diff
+                .files
+                .iter()
+                .any(|file| file.path == path && file.change != Change::Deleted))
+        .then(|| {
+            message(
+                StatusCode::BAD_REQUEST,
+                "Not a file of this save",
+                "That save did not make that file: its page offers only the files it changed.",
+            )
+        }),
+        Diff::Missing(why) => Some(message(StatusCode::NOT_FOUND, "No such save", &why)),
+        Diff::Busy => Some(busy_reading_saves()),
+        Diff::Elsewhere(_) => None,
+    }
+}
+
 /// "Restore only this file" on a save's page: that file as it was in the save, as a new save,
-/// in the background (`restore --at <commit> --path <path>`: the watcher refuses a path outside
-/// the project). Back to the workspace page, which says how it went.
+/// in the background (`restore --at <commit> --path <path>`). A save or a file the page would
+/// not offer is refused first. Back to the workspace page, which says how it went.
 pub(super) async fn restore_file<H: ProjectPages + SaveHistory, P: SandboxProvider + 'static>(
     State(web): State<Arc<Web<H, P>>>,
     Posted { session, form }: Posted<RestoreFileForm>,
@@ -107,6 +138,11 @@ pub(super) async fn restore_file<H: ProjectPages + SaveHistory, P: SandboxProvid
             "Not a file",
             "That is not a file of the save.",
         );
+    }
+    if let Some(refusal) =
+        not_a_file_of_the_save(&web, &session.user, &form.commit, &form.path).await
+    {
+        return refusal;
     }
     let status = web.statuses.status(session.user.as_str()).await;
     if !view::can_restore(status.as_ref(), web.backend.lifecycle().is_some()) {

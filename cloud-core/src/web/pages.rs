@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, StatusCode, header};
 
 use tokio::sync::broadcast::error::RecvError;
 
-use super::respond::{html, message, message_for, see_other};
+use super::respond::{busy_reading_saves, html, message, message_for, see_other};
 use super::session::{COOKIE, Owner, SIGN_IN_OFF, SignedIn};
 use super::signin::{self, LinkError};
 use super::view::{self, PageData, ProjectLink};
@@ -361,17 +361,7 @@ pub(super) async fn save_diff<H: ProjectPages + SaveHistory, P: SandboxProvider 
         }
         Diff::Elsewhere(url) => see_other(&url),
         Diff::Missing(why) => message(StatusCode::NOT_FOUND, "No such save", &why),
-        Diff::Busy => {
-            let mut response = message(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Busy",
-                "Your other pages are still reading saves: try again in a moment.",
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            response
-        }
+        Diff::Busy => busy_reading_saves(),
     }
 }
 

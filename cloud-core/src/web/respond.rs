@@ -70,6 +70,19 @@ impl IntoResponse for Refused {
     }
 }
 
+/// 429 with `Retry-After`: the user's other pages are still reading saves.
+pub(super) fn busy_reading_saves() -> Response {
+    let mut response = message(
+        StatusCode::TOO_MANY_REQUESTS,
+        "Busy",
+        "Your other pages are still reading saves: try again in a moment.",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    response
+}
+
 pub(super) fn see_other(location: &str) -> Response {
     (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response()
 }
