@@ -842,9 +842,12 @@ fn the_users_git_is_never_saved_into_and_what_it_leaves_is_saved_as_git_add_all(
             describe(&stopped)
         ),
     );
+    // Measured: 7 to 21 of 42 steps in 31 runs, 4 of them below one in five (the pauses are
+    // the operations that stop and the steps a user takes before going on); one in ten is
+    // below every run seen.
     let total_steps = cases * steps;
     assert!(
-        paused_steps * 5 >= total_steps,
+        paused_steps * 10 >= total_steps,
         "too few steps with git in the middle of something: {paused_steps} of {total_steps}"
     );
     if operations >= KINDS.len() as u64 {
