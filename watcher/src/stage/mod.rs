@@ -665,9 +665,12 @@ impl Stager {
     }
 
     /// A gitlink the index holds: moved to the submodule's `HEAD` when it is checked out; kept
-    /// as it is when not (a clone without `--recursive`, a restore), as git keeps it.
+    /// as it is when not (a clone without `--recursive`, a restore), as git keeps it, and when
+    /// the entry is skip-worktree (outside a sparse checkout) or assume-unchanged.
     fn stage_gitlink(&mut self, rel: &Path) {
-        if !scan::is_nested_repo(&self.workdir.join(rel)) {
+        if self.index.get_path(rel, 0).is_some_and(|e| is_frozen(&e))
+            || !scan::is_nested_repo(&self.workdir.join(rel))
+        {
             return;
         }
         match self.add_gitlink(rel) {

@@ -219,5 +219,17 @@ pub fn cases() -> Vec<(Vec<Setup>, Vec<Op>, bool, bool)> {
             false,
             false,
         ),
+        // Seed 8b1e2dc24eeb, shrunk: a submodule left unchecked out outside a sparse checkout
+        // (skip-worktree), then a repository made at its path: git keeps the gitlink, the
+        // watcher moved it to the new repository's `HEAD`.
+        (
+            vec![
+                Setup::Submodule { dir: 6, name: 1, checked_out: false },
+                Setup::Sparse { dir: 1, sparse_index: false },
+            ],
+            vec![Op::NestedRepo { dir: 6, name: 1 }],
+            false,
+            true,
+        ),
     ]
 }
