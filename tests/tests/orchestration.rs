@@ -302,13 +302,7 @@ async fn sync_with_unsaved_edits_backs_them_up_and_ends_ready() {
     );
     assert_eq!(
         statuses.all(),
-        [
-            SandboxStatus::Syncing {
-                since: None,
-                step: None
-            },
-            SandboxStatus::Ready
-        ]
+        [SandboxStatus::Syncing { since: None }, SandboxStatus::Ready]
     );
     assert_eq!(
         tree_of_add_all(&world.project()),
