@@ -11,7 +11,8 @@ pub(crate) const GITLINK_MODE: u32 = 0o160000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Held {
     No,
-    /// skip-worktree (sparse checkouts) or assume-unchanged: git leaves the entry as it is.
+    /// skip-worktree or assume-unchanged, or outside the sparse checkout: git leaves the entry
+    /// as it is.
     Frozen,
     /// A submodule.
     Gitlink,
@@ -20,11 +21,12 @@ pub(crate) enum Held {
 }
 
 impl Held {
-    /// How `entry` (none: the path is not in the index) holds its path.
-    pub(crate) fn of(entry: Option<&IndexEntry>) -> Self {
+    /// How `entry` (none: the path is not in the index) holds its path; `frozen` tells
+    /// whether git leaves it as it is.
+    pub(crate) fn of(entry: Option<&IndexEntry>, frozen: impl FnOnce(&IndexEntry) -> bool) -> Self {
         match entry {
             None => Self::No,
-            Some(entry) if is_frozen(entry) => Self::Frozen,
+            Some(entry) if frozen(entry) => Self::Frozen,
             Some(entry) if entry.mode == GITLINK_MODE => Self::Gitlink,
             Some(_) => Self::File,
         }

@@ -462,7 +462,16 @@ impl Stager {
 
     /// How the index holds `rel`.
     fn held(&self, rel: &Path) -> Held {
-        Held::of(self.index.get_path(rel, 0).as_ref())
+        Held::of(self.index.get_path(rel, 0).as_ref(), |entry| {
+            self.frozen(rel, entry)
+        })
+    }
+
+    /// Whether `git add -A` leaves the entry of `rel` as it is: skip-worktree or
+    /// assume-unchanged, or outside the sparse checkout, where it updates no entry
+    /// (`update_callback` in git's `read-cache.c`, without `--sparse`).
+    fn frozen(&self, rel: &Path, entry: &IndexEntry) -> bool {
+        is_frozen(entry) || self.rules.outside_sparse(rel, false)
     }
 
     fn index_has(&self, rel: &Path) -> bool {
@@ -558,7 +567,7 @@ impl Stager {
 
     fn add_file(&mut self, rel: &Path, meta: &Metadata, skip_unchanged: bool) {
         let entry = self.index.get_path(rel, 0);
-        if entry.as_ref().is_some_and(is_frozen) {
+        if entry.as_ref().is_some_and(|entry| self.frozen(rel, entry)) {
             return;
         }
         if meta.is_file() && meta.len() > self.max_file_size {
@@ -668,7 +677,10 @@ impl Stager {
     /// as it is when not (a clone without `--recursive`, a restore), as git keeps it, and when
     /// the entry is skip-worktree (outside a sparse checkout) or assume-unchanged.
     fn stage_gitlink(&mut self, rel: &Path) {
-        if self.index.get_path(rel, 0).is_some_and(|e| is_frozen(&e))
+        if self
+            .index
+            .get_path(rel, 0)
+            .is_some_and(|e| self.frozen(rel, &e))
             || !scan::is_nested_repo(&self.workdir.join(rel))
         {
             return;
@@ -718,7 +730,7 @@ impl Stager {
             }
             return;
         };
-        if !is_frozen(&entry) && self.index.remove_path(rel).is_ok() {
+        if !self.frozen(rel, &entry) && self.index.remove_path(rel).is_ok() {
             self.touch(rel);
         }
     }

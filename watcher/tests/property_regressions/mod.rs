@@ -231,5 +231,17 @@ pub fn cases() -> Vec<(Vec<Setup>, Vec<Op>, bool, bool)> {
             false,
             true,
         ),
+        // Seed d1d09b020ba8: a tracked file outside the sparse checkout, edited (so not
+        // skip-worktree): `git add -A` leaves its entry as it is, the watcher saved the edit.
+        (
+            vec![
+                Setup::RelativeExcludes { lines: vec![0] }, Setup::Commit,
+                Setup::RelativeExcludes { lines: vec![6] },
+                Setup::Sparse { dir: 7, sparse_index: false },
+            ],
+            vec![Op::Write { dir: 0, name: 3, body: 190 }],
+            false,
+            true,
+        ),
     ]
 }
