@@ -42,17 +42,27 @@ impl RevError {
 }
 
 /// Reads `text`: a time when it looks like a date, a duration when it has a unit, else a
-/// revision. A duration wins over a hex prefix (`1d` is a day, not a commit starting `1d`);
-/// git refuses prefixes that short anyway.
+/// revision. A duration wins over a short hex prefix (`1d` is a day, not a commit starting
+/// `1d`; git refuses prefixes that short anyway), and a commit id as git abbreviates it (7 or
+/// more hex digits) wins over a duration (`1255d13d`).
 pub fn parse(text: &str) -> Result<Rev, RevError> {
     let text = text.trim();
     if looks_like_a_date(text) {
         return parse_time(text).map(Rev::Time);
     }
-    if let Ok(ago) = humantime::parse_duration(text) {
+    if !is_abbreviated_id(text)
+        && let Ok(ago) = humantime::parse_duration(text)
+    {
         return Ok(Rev::Ago(ago));
     }
     Ok(Rev::Spec(text.to_owned()))
+}
+
+/// The shortest commit id git prints (`core.abbrev`'s default).
+const SHORTEST_ABBREVIATION: usize = 7;
+
+fn is_abbreviated_id(text: &str) -> bool {
+    text.len() >= SHORTEST_ABBREVIATION && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn looks_like_a_date(text: &str) -> bool {
@@ -251,6 +261,9 @@ mod tests {
         check("2h", Rev::Ago(Duration::from_secs(7200)));
         check("1h 30m", Rev::Ago(Duration::from_secs(5400)));
         check("1d", Rev::Ago(Duration::from_secs(86400)));
+        check("12d", Rev::Ago(Duration::from_secs(12 * 86400)));
+        // A commit id that also reads as a duration (1255 days and 13 days) is the commit.
+        check("1255d13d", Rev::Spec("1255d13d".into()));
         check("a1b2c3d", Rev::Spec("a1b2c3d".into()));
         check(" HEAD~2 ", Rev::Spec("HEAD~2".into()));
         check(
