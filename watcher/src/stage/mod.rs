@@ -675,7 +675,7 @@ impl Stager {
 
     /// A gitlink the index holds: moved to the submodule's `HEAD` when it is checked out; kept
     /// as it is when not (a clone without `--recursive`, a restore), as git keeps it, and when
-    /// the entry is skip-worktree (outside a sparse checkout) or assume-unchanged.
+    /// git leaves the entry as it is ([`Stager::frozen`]).
     fn stage_gitlink(&mut self, rel: &Path) {
         if self
             .index
