@@ -360,6 +360,11 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
         "laptop: first",
     );
     wait_label(&client, "Syncing").await;
+    // The step under way, live: the install (package.json is new).
+    eventually(&client, "the install step shown", || async {
+        (text_of(&client, "#status-step").await? == "installing dependencies").then_some(())
+    })
+    .await;
     let started = text_of(&client, "#status-elapsed").await.unwrap();
     let later = eventually(&client, "the sync's time ticking", || async {
         let now = text_of(&client, "#status-elapsed").await?;
@@ -372,7 +377,7 @@ async fn the_dot_follows_a_laptop_push_live_breaks_with_the_cause_and_tail_and_a
     }
     let badge = text_of(&client, "#status .status").await.unwrap();
     assert!(
-        badge.starts_with("◐ Syncing · ") && badge.ends_with(" s"),
+        badge.starts_with("◐ Syncing · installing dependencies · ") && badge.ends_with(" s"),
         "{badge}"
     );
     screenshot(&client, &ws, "syncing").await;

@@ -431,7 +431,13 @@ async fn sync_commands_in_a_sandbox_never_see_the_servers_secrets() {
             .await;
         assert_eq!(
             statuses.all(),
-            [SandboxStatus::Syncing { since: None }, SandboxStatus::Ready]
+            [
+                SandboxStatus::Syncing {
+                    since: None,
+                    step: None
+                },
+                SandboxStatus::Ready
+            ]
         );
         return;
     }

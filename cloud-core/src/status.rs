@@ -15,6 +15,10 @@ pub enum SandboxStatus {
         /// When the sync began, RFC 3339 (`None` in statuses stored without it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         since: Option<String>,
+        /// The step under way, one of [`shmastra_contract::failure::SYNC_STEPS`], once the
+        /// sandbox's watcher has told it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<String>,
     },
     /// Going back to an earlier save (`Orchestrator::restore_to`), since then.
     Restoring {
@@ -76,7 +80,10 @@ pub enum SyncOutcome {
 impl SandboxStatus {
     /// `Syncing`, begun now.
     pub fn syncing_now() -> SandboxStatus {
-        SandboxStatus::Syncing { since: Some(now()) }
+        SandboxStatus::Syncing {
+            since: Some(now()),
+            step: None,
+        }
     }
 
     /// `Restoring`, begun now.
@@ -87,7 +94,7 @@ impl SandboxStatus {
     /// When a `Syncing` or `Restoring` status began, if it says.
     pub fn since(&self) -> Option<&str> {
         match self {
-            SandboxStatus::Syncing { since } | SandboxStatus::Restoring { since } => {
+            SandboxStatus::Syncing { since, .. } | SandboxStatus::Restoring { since } => {
                 since.as_deref()
             }
             _ => None,
@@ -174,7 +181,10 @@ mod tests {
         );
         assert_eq!(
             serde_json::from_str::<SandboxStatus>(r#"{"state": "syncing"}"#).unwrap(),
-            SandboxStatus::Syncing { since: None },
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
             "a status stored before `since` still reads"
         );
         let since = SandboxStatus::restoring_now()

@@ -282,7 +282,13 @@ async fn sync_returns_the_commit_it_reached_or_the_failure_and_sets_the_status()
     assert_eq!(outcome, SyncOutcome::Synced { commit: Some(head) });
     assert_eq!(
         statuses.of("sbx"),
-        [SandboxStatus::Syncing { since: None }, SandboxStatus::Ready]
+        [
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
+            SandboxStatus::Ready
+        ]
     );
     let args = fs::read_to_string(home.join("watcher-args")).unwrap();
     let expected = format!(
@@ -388,9 +394,15 @@ async fn triggers_during_a_sync_coalesce_into_one_more_run_whose_outcome_they_ge
     assert_eq!(
         statuses.of("sbx"),
         [
-            SandboxStatus::Syncing { since: None },
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
             SandboxStatus::Ready,
-            SandboxStatus::Syncing { since: None },
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
             SandboxStatus::Broken {
                 failure: install_failure()
             }

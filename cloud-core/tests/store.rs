@@ -446,9 +446,15 @@ async fn statuses_are_read_and_followed_from_every_replica(r: Replicas) {
     let mut follow = r.b.status_changes();
     assert_eq!(r.b.status("sb-1".into()).await.unwrap(), None);
     let before = SystemTime::now() - Duration::from_secs(1);
-    r.a.set_status("sb-1".into(), SandboxStatus::Syncing { since: None })
-        .await
-        .unwrap();
+    r.a.set_status(
+        "sb-1".into(),
+        SandboxStatus::Syncing {
+            since: None,
+            step: None,
+        },
+    )
+    .await
+    .unwrap();
     let broken = SandboxStatus::Broken {
         failure: cloud_core::SyncFailure::new("install", "`npm ci` failed").with_tail(["npm ERR!"]),
     };
@@ -465,6 +471,7 @@ async fn statuses_are_read_and_followed_from_every_replica(r: Replicas) {
     assert_eq!(status, broken);
     let syncing = SandboxStatus::Syncing {
         since: Some("2026-12-02T14:00:00Z".into()),
+        step: Some("install".into()),
     };
     r.a.set_status("sb-3".into(), syncing.clone())
         .await
@@ -472,7 +479,7 @@ async fn statuses_are_read_and_followed_from_every_replica(r: Replicas) {
     assert_eq!(
         r.b.status("sb-3".into()).await.unwrap().map(|(s, _)| s),
         Some(syncing),
-        "when a sync began is kept"
+        "when a sync began and its step are kept"
     );
     assert!(changed_at >= before && changed_at <= SystemTime::now() + Duration::from_secs(1));
     // A follower hears the newest status of each sandbox, in the order they were made (an
@@ -513,7 +520,13 @@ async fn token_generations_move_forward_per_user(r: Replicas) {
 
 async fn a_status_sink_writes_every_change_in_order(r: Replicas) {
     let sink = StoreStatusSink::new(r.a.clone());
-    sink.set_status("sb-9", SandboxStatus::Syncing { since: None });
+    sink.set_status(
+        "sb-9",
+        SandboxStatus::Syncing {
+            since: None,
+            step: None,
+        },
+    );
     let needs = SandboxStatus::NeedsSecrets {
         names: vec!["API_KEY".into()],
     };

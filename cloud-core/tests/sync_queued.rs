@@ -179,9 +179,15 @@ async fn triggers_from_two_replicas_coalesce(store_a: Arc<dyn Store>, store_b: A
     assert_eq!(
         statuses.all(),
         [
-            SandboxStatus::Syncing { since: None },
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
             SandboxStatus::Ready,
-            SandboxStatus::Syncing { since: None },
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
             SandboxStatus::Broken {
                 failure: install_failure()
             }

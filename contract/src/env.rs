@@ -18,6 +18,9 @@ pub const PROJECT_BRANCH: &str = "PROJECT_BRANCH";
 pub const WATCHER_DEBOUNCE: &str = "PROJECT_WATCHER_DEBOUNCE";
 /// `watch --max-delay`.
 pub const WATCHER_MAX_DELAY: &str = "PROJECT_WATCHER_MAX_DELAY";
+/// `sync --step-file`: an environment variable too, so that the cloud can ask for it of any
+/// watcher (one that predates it ignores it).
+pub const WATCHER_SYNC_STEP_FILE: &str = "PROJECT_WATCHER_SYNC_STEP_FILE";
 /// The names earlier versions read, each with the one that replaced it; both still work (the
 /// new one wins).
 pub const OLD_NAMES: [(&str, &str); 2] = [

@@ -36,6 +36,11 @@ pub const FIRST_LINES: usize = 8;
 pub const MAX_TAIL_BYTES: usize = 16 * 1024;
 /// See [`MAX_TAIL_BYTES`].
 pub const MAX_LINE_BYTES: usize = 4 * 1024;
+/// The steps of `project-watcher sync`, in order, as its failure file and its step file
+/// (`sync --step-file`) name them.
+pub const SYNC_STEPS: [&str; 8] = [
+    "open", "lock", "fetch", "backup", "stop", "restore", "install", "start",
+];
 /// The step of a failure whose file did not name one.
 pub const UNKNOWN_STEP: &str = "unknown";
 

@@ -5,8 +5,8 @@ use std::sync::{Mutex, MutexGuard};
 use cloud_core::{SandboxStatus, StatusSink};
 
 /// `status` with the start time of a `Syncing` or `Restoring` checked (set, RFC 3339, within the
-/// last minute; a minute ahead allowed for a clock's seconds) and left out, so tests compare
-/// sequences of statuses without a clock.
+/// last minute; a minute ahead allowed for a clock's seconds) and left out, and a sync's step
+/// left out, so tests compare sequences of statuses without a clock.
 pub fn timeless(status: SandboxStatus) -> SandboxStatus {
     let check = |since: Option<String>| {
         let since = since.expect("a syncing or restoring status says when it began");
@@ -19,9 +19,12 @@ pub fn timeless(status: SandboxStatus) -> SandboxStatus {
         );
     };
     match status {
-        SandboxStatus::Syncing { since } => {
+        SandboxStatus::Syncing { since, .. } => {
             check(since);
-            SandboxStatus::Syncing { since: None }
+            SandboxStatus::Syncing {
+                since: None,
+                step: None,
+            }
         }
         SandboxStatus::Restoring { since } => {
             check(since);
@@ -31,18 +34,32 @@ pub fn timeless(status: SandboxStatus) -> SandboxStatus {
     }
 }
 
-/// Every `(sandbox, status)` set, in order, [`timeless`].
+/// Every `(sandbox, status)` set, in order, [`timeless`]; a sync's steps (how many a sync
+/// shows depends on how long each takes) apart, in [`Statuses::steps`].
 #[derive(Default)]
 pub struct Statuses {
     /// The one sandbox statuses may be set for (another's panics), when given.
     only: Option<String>,
     recorded: Mutex<Vec<(String, SandboxStatus)>>,
+    steps: Mutex<Vec<String>>,
 }
 
 impl StatusSink for Statuses {
     fn set_status(&self, sandbox: &str, status: SandboxStatus) {
         if let Some(only) = &self.only {
             assert_eq!(sandbox, only, "a status for another sandbox: {status:?}");
+        }
+        if let SandboxStatus::Syncing {
+            step: Some(step), ..
+        } = &status
+        {
+            let step = step.clone();
+            timeless(status);
+            self.steps
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(step);
+            return;
         }
         self.lock().push((sandbox.to_owned(), timeless(status)));
     }
@@ -54,6 +71,7 @@ impl Statuses {
         Statuses {
             only: Some(sandbox.to_owned()),
             recorded: Mutex::default(),
+            steps: Mutex::default(),
         }
     }
 
@@ -81,6 +99,11 @@ impl Statuses {
             .into_iter()
             .map(|(_, s)| s)
             .collect()
+    }
+
+    /// The steps syncs have shown, in order.
+    pub fn steps(&self) -> Vec<String> {
+        self.steps.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The status set last, if any.

@@ -436,7 +436,10 @@ async fn a_paused_sandbox_is_resumed_and_syncs_reach_it() {
     assert_eq!(
         w.statuses.take(),
         [
-            SandboxStatus::Syncing { since: None },
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
             // The sync restarted the dev server: ready once it answers.
             SandboxStatus::Starting {
                 url: w.e2b.health_url()

@@ -173,7 +173,13 @@ async fn a_push_from_a_laptop_reaches_the_running_sandbox_through_proxy_and_sync
     );
     assert_eq!(
         statuses.all(),
-        [SandboxStatus::Syncing { since: None }, SandboxStatus::Ready]
+        [
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
+            SandboxStatus::Ready
+        ]
     );
     assert_eq!(
         fs::read_to_string(project.join("index.ts")).unwrap(),

@@ -347,7 +347,13 @@ async fn a_sandbox_wiped_under_its_watcher_comes_back_with_the_saved_project_on_
         "the sync reached the saved branch"
     );
     let mut expected = reprovisioned();
-    expected.extend([SandboxStatus::Syncing { since: None }, SandboxStatus::Ready]);
+    expected.extend([
+        SandboxStatus::Syncing {
+            since: None,
+            step: None,
+        },
+        SandboxStatus::Ready,
+    ]);
     assert_eq!(world.statuses.take(), expected);
     assert!(
         took >= Duration::from_millis(1500),
@@ -423,9 +429,18 @@ async fn a_sandbox_wiped_in_the_middle_of_a_sync_is_recovered_and_the_sync_compl
         },
         "the sync reached the saved branch"
     );
-    let mut expected = vec![SandboxStatus::Syncing { since: None }];
+    let mut expected = vec![SandboxStatus::Syncing {
+        since: None,
+        step: None,
+    }];
     expected.extend(reprovisioned());
-    expected.extend([SandboxStatus::Syncing { since: None }, SandboxStatus::Ready]);
+    expected.extend([
+        SandboxStatus::Syncing {
+            since: None,
+            step: None,
+        },
+        SandboxStatus::Ready,
+    ]);
     assert_eq!(world.statuses.take(), expected);
     assert_eq!(
         fs::read_to_string(world.project().join("src/index.ts")).unwrap(),

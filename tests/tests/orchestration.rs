@@ -302,7 +302,13 @@ async fn sync_with_unsaved_edits_backs_them_up_and_ends_ready() {
     );
     assert_eq!(
         statuses.all(),
-        [SandboxStatus::Syncing { since: None }, SandboxStatus::Ready]
+        [
+            SandboxStatus::Syncing {
+                since: None,
+                step: None
+            },
+            SandboxStatus::Ready
+        ]
     );
     assert_eq!(
         tree_of_add_all(&world.project()),

@@ -31,6 +31,7 @@ Environment (a flag, when given, wins):
   PROJECT_WATCHER_MAX_DELAY        --max-delay (old name: WATCHER_MAX_DELAY)
   PROJECT_WATCHER_NETWORK_TIMEOUT  a push or fetch without progress fails after this (30s)
   PROJECT_WATCHER_MIN_FREE_DISK    `status` warns below this free space (max(512MiB, 5%))
+  PROJECT_WATCHER_SYNC_STEP_FILE   sync --step-file
   RUST_LOG                         log filter (default info); -q, -v adjust it";
 
 #[derive(Parser)]
@@ -157,6 +158,9 @@ struct SyncArgs {
     /// Where a failed step leaves its name and output tail; removed on success.
     #[arg(long, default_value = shmastra_contract::failure::DEFAULT_FAILURE_FILE)]
     failure_file: PathBuf,
+    /// Where the step under way is written while the sync runs; removed when it ends.
+    #[arg(long, env = env::WATCHER_SYNC_STEP_FILE)]
+    step_file: Option<PathBuf>,
     /// Stops the dev server before the tree changes.
     #[arg(long)]
     stop_cmd: Option<String>,
@@ -401,6 +405,7 @@ fn sync_command(args: SyncArgs, verbosity: Verbosity) -> ExitCode {
     let settings = SyncSettings {
         restore: args.project.into_settings(),
         failure_file: args.failure_file,
+        step_file: args.step_file,
         stop_cmd: args.stop_cmd,
         install_cmd: args.install_cmd,
         start_cmd: args.start_cmd,

@@ -42,6 +42,9 @@ pub struct SyncSettings {
     pub restore: RemoteSettings,
     /// Where a failed step leaves its name and output tail (removed on success).
     pub failure_file: PathBuf,
+    /// Where the step under way is written while the sync runs (removed when it ends), for
+    /// the cloud to show.
+    pub step_file: Option<PathBuf>,
     /// Stops the dev server before the tree changes.
     pub stop_cmd: Option<String>,
     /// Overrides the lock file's own package manager.
@@ -147,10 +150,12 @@ pub struct SyncReport {
 
 /// Runs the sync. Failure writes the failure file; success removes it.
 pub fn sync(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
-    let result = run_steps(settings);
+    let steps = StepFile(settings.step_file.as_deref());
+    let result = run_steps(settings, &steps);
+    steps.end();
     let recorded = match &result {
-        Ok(_) => remove_failure_file(&settings.failure_file),
-        Err(err) => write_failure_file(&settings.failure_file, &err.failure().render()),
+        Ok(_) => remove_file(&settings.failure_file),
+        Err(err) => write_replacing(&settings.failure_file, &err.failure().render()),
     };
     if let Err(e) = recorded {
         tracing::warn!(path = %settings.failure_file.display(), error = %e, "cannot update the sync failure file");
@@ -158,15 +163,41 @@ pub fn sync(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
     result
 }
 
-fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
+/// The step file, when there is one: each step's name as it begins. A write that fails is
+/// logged and the sync goes on (the step is only shown).
+struct StepFile<'a>(Option<&'a Path>);
+
+impl StepFile<'_> {
+    fn enter(&self, step: Step) {
+        if let Some(path) = self.0
+            && let Err(e) = write_replacing(path, &format!("{step}\n"))
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the sync step file");
+        }
+    }
+
+    fn end(&self) {
+        if let Some(path) = self.0
+            && let Err(e) = remove_file(path)
+        {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove the sync step file");
+        }
+    }
+}
+
+fn run_steps(settings: &SyncSettings, steps: &StepFile) -> Result<SyncReport, SyncError> {
     let restore_settings = &settings.restore;
+    steps.enter(Step::Open);
     let repo = restore::open(&restore_settings.workdir)
         .map_err(|e| SyncError::from_restore(Step::Open, e))?;
+    steps.enter(Step::Lock);
     let _lock = RepoLock::acquire_after_watcher_index(repo.path())
         .map_err(|e| SyncError::new(Step::Lock, e.to_string()))?;
 
+    steps.enter(Step::Fetch);
     let remote_tip = restore::fetch_branch(&repo, restore_settings)
         .map_err(|e| SyncError::from_restore(Step::Fetch, e))?;
+    steps.enter(Step::Backup);
     exclude_env_files(repo.path()).map_err(|e| SyncError::from_restore(Step::Backup, e))?;
     let snapshot = snapshot_worktree(&repo).map_err(|e| SyncError::new(Step::Backup, e))?;
     let backup_ref = back_up_unsaved_work(&repo, &snapshot, remote_tip, SystemTime::now())
@@ -179,10 +210,12 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
 
     let workdir = &restore_settings.workdir;
     if let Some(cmd) = &settings.stop_cmd {
+        steps.enter(Step::Stop);
         run_command(Step::Stop, cmd, workdir)?;
     }
     let mut installed_with = None;
     if let Some(tip) = remote_tip {
+        steps.enter(Step::Restore);
         restore::reset_to(&repo, &restore_settings.branch, tip)
             .map_err(|e| SyncError::from_restore(Step::Restore, e))?;
         if let Err(e) = layout::record_synced(repo.path(), tip) {
@@ -195,6 +228,7 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
         });
         match install {
             Some(cmd) if changed => {
+                steps.enter(Step::Install);
                 run_command(Step::Install, &cmd, workdir)?;
                 installed_with = Some(cmd);
             }
@@ -208,6 +242,7 @@ fn run_steps(settings: &SyncSettings) -> Result<SyncReport, SyncError> {
         );
     }
     if let Some(cmd) = &settings.start_cmd {
+        steps.enter(Step::Start);
         run_command(Step::Start, cmd, workdir)?;
     }
     Ok(SyncReport {
@@ -437,13 +472,15 @@ fn run_command(step: Step, cmd: &str, workdir: &Path) -> Result<(), SyncError> {
     })
 }
 
-fn write_failure_file(path: &Path, report: &str) -> io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    fs::write(&tmp, report)?;
+/// Writes `text` to `path` whole: a reader sees the old file or the new one.
+fn write_replacing(path: &Path, text: &str) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}", std::process::id()));
+    fs::write(&tmp, text)?;
     fs::rename(&tmp, path)
 }
 
-fn remove_failure_file(path: &Path) -> io::Result<()> {
+fn remove_file(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -498,6 +535,7 @@ mod tests {
                     token: None,
                 },
                 failure_file: self.tmp.path().join("sync-failure"),
+                step_file: Some(self.tmp.path().join("sync-step")),
                 stop_cmd: Some(format!("echo stop >> {log}")),
                 install_cmd: Some(format!("echo install >> {log}; {install_cmd}")),
                 start_cmd: Some(format!("echo start >> {log}")),
@@ -586,6 +624,55 @@ mod tests {
         assert_eq!(s.steps(), "stop\ninstall\nstart\n");
         assert!(report.installed_with.is_some());
         assert_eq!(report.backup_ref, None, "nothing was unsaved");
+    }
+
+    #[test]
+    fn the_steps_are_named_as_the_contract_names_them() {
+        let steps = [
+            Step::Open,
+            Step::Lock,
+            Step::Fetch,
+            Step::Backup,
+            Step::Stop,
+            Step::Restore,
+            Step::Install,
+            Step::Start,
+        ];
+        assert_eq!(
+            steps.map(Step::name),
+            shmastra_contract::failure::SYNC_STEPS
+        );
+    }
+
+    #[test]
+    fn the_step_file_names_each_step_while_it_runs_and_is_gone_after() {
+        let s = setup();
+        let step_file = s.tmp.path().join("sync-step");
+        let seen = s.tmp.path().join("seen");
+        let record = format!("cat '{}' >> '{}'", step_file.display(), seen.display());
+        for (version, install) in [(2, "true"), (3, "false")] {
+            // A changed lock file: the install runs.
+            s.push_from_laptop(
+                "package-lock.json",
+                &format!("{{\"lockfileVersion\": {version}}}\n"),
+            );
+            let settings = SyncSettings {
+                stop_cmd: Some(record.clone()),
+                install_cmd: Some(format!("{record}; {install}")),
+                start_cmd: Some(record.clone()),
+                ..s.settings(install)
+            };
+            let result = sync(&settings);
+            assert!(!step_file.exists(), "the step file outlived the sync");
+            let seen = fs::read_to_string(&seen).unwrap();
+            match result {
+                Ok(_) => assert_eq!(seen, "stop\ninstall\nstart\n"),
+                Err(e) => {
+                    assert_eq!(e.step, Step::Install);
+                    assert_eq!(seen, "stop\ninstall\nstart\nstop\ninstall\n");
+                }
+            }
+        }
     }
 
     #[test]

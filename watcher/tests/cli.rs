@@ -496,6 +496,7 @@ fn help_matches_what_each_command_does() {
         "PROJECT_WATCHER_MAX_DELAY",
         "PROJECT_WATCHER_NETWORK_TIMEOUT",
         "PROJECT_WATCHER_MIN_FREE_DISK",
+        "PROJECT_WATCHER_SYNC_STEP_FILE",
         "WATCHER_DEBOUNCE",
         "WATCHER_MAX_DELAY",
         "RUST_LOG",

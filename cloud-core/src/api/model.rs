@@ -219,6 +219,9 @@ pub enum SandboxState {
         /// When the sync began, RFC 3339 UTC (absent in statuses stored before it was kept).
         #[serde(skip_serializing_if = "Option::is_none")]
         since: Option<String>,
+        /// The step under way (`fetch`, `install`, ...), once the sandbox has told it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        step: Option<String>,
     },
     /// Going back to an earlier save.
     Restoring {
@@ -258,7 +261,7 @@ pub enum SandboxState {
 impl From<SandboxStatus> for SandboxState {
     fn from(status: SandboxStatus) -> Self {
         match status {
-            SandboxStatus::Syncing { since } => SandboxState::Syncing { since },
+            SandboxStatus::Syncing { since, step } => SandboxState::Syncing { since, step },
             SandboxStatus::Restoring { since } => SandboxState::Restoring { since },
             SandboxStatus::Ready => SandboxState::Ready,
             SandboxStatus::Starting { url } => SandboxState::Starting { url },

@@ -29,7 +29,8 @@ pub struct SandboxLayout {
     pub stop_dev_server: String,
     /// Overrides the lock file's own package manager during a sync.
     pub install_cmd: Option<String>,
-    /// Where `project-watcher sync` leaves the failed step's output.
+    /// Where `project-watcher sync` leaves the failed step's output; beside it
+    /// ([`SandboxLayout::step_file`]), the step under way.
     pub failure_file: PathBuf,
     /// The limit for short commands (git setup, PM2 control).
     pub command_timeout: Duration,
@@ -101,6 +102,14 @@ fn quote(value: &str) -> String {
 }
 
 impl SandboxLayout {
+    /// Where `project-watcher sync` writes the step under way (`sync --step-file`): the
+    /// failure file's path with `.step` added.
+    pub fn step_file(&self) -> PathBuf {
+        let mut path = self.failure_file.clone().into_os_string();
+        path.push(".step");
+        path.into()
+    }
+
     /// The Shmastra sandbox template, as the original's: the project in `/home/user/shmastra`,
     /// PM2 (`/home/user/ecosystem.config.js`, this repository's `pm2/`) running the dev
     /// server as `shmastra` beside `healer`, and the watcher as `project-watcher`.

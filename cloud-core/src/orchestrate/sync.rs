@@ -1,7 +1,12 @@
 //! Bringing a running sandbox to the pushed branch: one run at a time per sandbox, the status
 //! on the way, and the outcome of the run that covered each call.
 
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
 use shmastra_contract::env;
+use shmastra_contract::failure::SYNC_STEPS;
 use shmastra_contract::{SyncCommand, SyncFailure};
 
 use super::{OrchestrateError, Orchestrator, exit_text, failure_of};
@@ -66,9 +71,12 @@ impl<H: ProjectHost> Orchestrator<H> {
         let Some(persistence) = &self.persistence else {
             return Ok(SyncOutcome::Synced { commit: None });
         };
-        status.set_status(sandbox.id(), SandboxStatus::syncing_now());
+        let syncing = SandboxStatus::syncing_now();
+        let since = syncing.since().map(str::to_owned);
+        status.set_status(sandbox.id(), syncing);
         let layout = &self.layout;
         let failure_file = sandbox.home().join(&layout.failure_file);
+        let step_file = sandbox.home().join(layout.step_file());
         let command = SyncCommand {
             failure_file: failure_file.display().to_string(),
             stop_cmd: Some(layout.stop_dev_server.clone()),
@@ -82,9 +90,13 @@ impl<H: ProjectHost> Orchestrator<H> {
                     .to_string(),
             )
         };
+        // The step file by the environment: a watcher that predates it runs all the same.
         let exec = Exec::new(command.shell(&layout.watcher_bin), layout.sync_timeout)
-            .env(env::PROJECT_TOKEN, persistence.token(user));
-        let failure = match self.in_project(sandbox, exec).await {
+            .env(env::PROJECT_TOKEN, persistence.token(user))
+            .env(env::WATCHER_SYNC_STEP_FILE, step_file.display().to_string());
+        let run = self.in_project(sandbox, exec);
+        let ran = showing_steps(sandbox, &step_file, since, status, run).await;
+        let failure = match ran {
             Ok(out) if out.success() => None,
             Ok(out) => Some(match sandbox.read_file(&failure_file).await {
                 Ok(Some(bytes)) => SyncFailure::parse(&bytes),
@@ -130,6 +142,44 @@ impl<H: ProjectHost> Orchestrator<H> {
             .ok()?;
         let commit = out.stdout.trim();
         (out.success() && is_object_id(commit)).then(|| commit.to_owned())
+    }
+}
+
+/// How often the step file is read while a sync runs.
+const STEP_POLL: Duration = Duration::from_secs(1);
+
+/// Runs `run`, reading the sandbox's step file every [`STEP_POLL`] meanwhile: each new step
+/// it names (one of [`SYNC_STEPS`]; anything else the sandbox writes there is not shown)
+/// becomes the `syncing` status's step.
+async fn showing_steps<S: Sandbox, T>(
+    sandbox: &S,
+    step_file: &Path,
+    since: Option<String>,
+    status: &impl StatusSink,
+    run: impl Future<Output = T>,
+) -> T {
+    let mut run = std::pin::pin!(run);
+    let mut tick = tokio::time::interval(STEP_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shown: Option<String> = None;
+    loop {
+        tokio::select! {
+            ran = &mut run => return ran,
+            _ = tick.tick() => {
+                let Ok(Some(bytes)) = sandbox.read_file(step_file).await else {
+                    continue;
+                };
+                let text = String::from_utf8_lossy(&bytes);
+                let Some(step) = SYNC_STEPS.into_iter().find(|s| *s == text.trim_end()) else {
+                    continue;
+                };
+                if shown.as_deref() != Some(step) {
+                    shown = Some(step.to_owned());
+                    let step = shown.clone();
+                    status.set_status(sandbox.id(), SandboxStatus::Syncing { since: since.clone(), step });
+                }
+            }
+        }
     }
 }
 

@@ -120,12 +120,24 @@ mod tests {
     async fn check_remembered_and_broadcast(board: &dyn StatusBoard) {
         let mut changes = board.subscribe();
         assert_eq!(board.status("alice").await, None);
-        board.set_status("alice", SandboxStatus::Syncing { since: None });
+        board.set_status(
+            "alice",
+            SandboxStatus::Syncing {
+                since: None,
+                step: None,
+            },
+        );
         board.set_status("bob", SandboxStatus::Ready);
         let seen = |change: StatusChange| (change.sandbox, change.status);
         assert_eq!(
             seen(changes.recv().await.unwrap()),
-            ("alice".to_owned(), SandboxStatus::Syncing { since: None })
+            (
+                "alice".to_owned(),
+                SandboxStatus::Syncing {
+                    since: None,
+                    step: None
+                }
+            )
         );
         assert_eq!(
             seen(changes.recv().await.unwrap()),
@@ -133,7 +145,10 @@ mod tests {
         );
         assert_eq!(
             board.status("alice").await,
-            Some(SandboxStatus::Syncing { since: None })
+            Some(SandboxStatus::Syncing {
+                since: None,
+                step: None
+            })
         );
     }
 

@@ -160,6 +160,20 @@ fn badge(status: Option<&SandboxStatus>, sandboxes: bool) -> (&'static str, &'st
     }
 }
 
+/// What a sync's step does, in the page's words.
+fn sync_step_words(step: &str) -> &'static str {
+    match step {
+        "open" | "lock" => "opening the project",
+        "fetch" => "fetching the pushed changes",
+        "backup" => "keeping unsaved work",
+        "stop" => "stopping the dev server",
+        "restore" => "updating the files",
+        "install" => "installing dependencies",
+        "start" => "starting the dev server",
+        _ => "working",
+    }
+}
+
 /// The status block: dot, label, and what goes with the state (the failure, the restore form).
 pub fn status_fragment(
     user: &str,
@@ -174,6 +188,10 @@ pub fn status_fragment(
             span .dot aria-hidden="true" { (shape) }
             " "
             strong #status-label { (label) }
+            @if let Some(SandboxStatus::Syncing { step: Some(step), .. }) = status {
+                " · "
+                span #status-step data-step=(step) { (sync_step_words(step)) }
+            }
             @if let Some(since) = status.and_then(SandboxStatus::since) {
                 " · "
                 time #status-elapsed datetime=(since) title={"since " (since)} {
@@ -514,6 +532,7 @@ mod tests {
             "t",
             Some(&SandboxStatus::Syncing {
                 since: Some("2026-12-02T14:00:00Z".into()),
+                step: Some("install".into()),
             }),
             true,
             &[],
@@ -522,15 +541,26 @@ mod tests {
             html.contains(r#"<time id="status-elapsed" datetime="2026-12-02T14:00:00Z""#),
             "{html}"
         );
+        assert!(
+            html.contains(
+                r#"<span id="status-step" data-step="install">installing dependencies</span>"#
+            ),
+            "{html}"
+        );
         let old = to_event_data(status_fragment(
             "alice",
             "t",
-            Some(&SandboxStatus::Syncing { since: None }),
+            Some(&SandboxStatus::Syncing {
+                since: None,
+                step: None,
+            }),
             true,
             &[],
         ));
         assert!(
-            old.contains("Syncing") && !old.contains("status-elapsed"),
+            old.contains("Syncing")
+                && !old.contains("status-elapsed")
+                && !old.contains("status-step"),
             "{old}"
         );
     }
