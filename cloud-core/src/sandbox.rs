@@ -189,6 +189,15 @@ pub trait Sandbox: Send + Sync {
         path: &Path,
     ) -> impl Future<Output = Result<Option<Vec<u8>>, SandboxError>> + Send;
 
+    /// A file's bytes, or `None` when it does not exist, asked for once of the sandbox as it
+    /// is: unlike [`Sandbox::read_file`], one that does not answer (paused, resuming) is
+    /// neither woken nor waited for, so that a reader beside a running command never races
+    /// that command's own recovery.
+    fn peek_file(
+        &self,
+        path: &Path,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, SandboxError>> + Send;
+
     /// Replaces a file (creating its folders), readable by its owner only: the files written
     /// here (`.env`, the watcher's environment) hold secrets.
     fn write_file(
@@ -327,6 +336,11 @@ impl Sandbox for LocalSandbox {
                 other
             }
         }
+    }
+
+    /// The same as [`Sandbox::read_file`]: this machine has no pause to wake from.
+    async fn peek_file(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.read_file(path).await
     }
 
     async fn read_file(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {

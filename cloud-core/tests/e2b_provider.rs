@@ -169,6 +169,26 @@ async fn a_paused_sandbox_is_resumed_not_lost() {
     let bob = manual.create(&UserId::parse("bob").unwrap()).await.unwrap();
     let bob_id = bob.sandbox_id().to_owned();
     w.fake.pause(&bob_id);
+    // A peek (the sync's step file, read beside its command) neither resumes nor waits: the
+    // proxy's 502 is its answer, and the sandbox stays paused for the command to resume.
+    let before = w.fake.requests().len();
+    let err = bob
+        .peek_file(&bob.home().join("shmastra/package.json"))
+        .await
+        .unwrap_err();
+    assert!(!err.is_gone(), "paused is not gone: {err}");
+    let calls: Vec<(String, u16)> = w
+        .since(before)
+        .into_iter()
+        .map(|(method, path, status)| {
+            (
+                format!("{method} {}", path.split('?').next().unwrap()),
+                status,
+            )
+        })
+        .collect();
+    assert_eq!(calls, [("GET /files".to_owned(), 502)]);
+    assert_eq!(w.fake.sandbox(&bob_id).unwrap().state, State::Paused);
     let before = w.fake.requests().len();
     let out = bob.exec(&exec("echo hi")).await.unwrap();
     assert_eq!(out.stdout, "hi\n");
@@ -203,6 +223,22 @@ async fn a_paused_sandbox_is_resumed_not_lost() {
     assert_eq!(out.stdout, "done\n");
     let runs = std::fs::read_to_string(sandbox.home().join("runs")).unwrap();
     assert_eq!(runs, "run\n");
+    assert_eq!(
+        sandbox
+            .peek_file(&sandbox.home().join("runs"))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"run\n"[..]),
+        "a running sandbox's file, peeked"
+    );
+    assert_eq!(
+        sandbox
+            .peek_file(&sandbox.home().join("nope"))
+            .await
+            .unwrap(),
+        None
+    );
 
     // Caught while it is being paused or resumed: the proxy's 409, confirmed, tried again.
     w.fake

@@ -151,6 +151,10 @@ impl Sandbox for FakeSandbox {
         Ok(self.world.state().files.get(path).cloned())
     }
 
+    async fn peek_file(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        self.read_file(path).await
+    }
+
     async fn write_file(&self, path: &Path, contents: &[u8]) -> Result<(), SandboxError> {
         self.present()?;
         self.world

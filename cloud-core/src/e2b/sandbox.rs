@@ -325,6 +325,13 @@ impl Sandbox for E2bSandbox {
         }
     }
 
+    /// One envd read, its failure not recovered from: a paused sandbox is left to the
+    /// command that runs in it.
+    async fn peek_file(&self, path: &Path) -> Result<Option<Vec<u8>>, SandboxError> {
+        let text = self.path_str("read", path)?;
+        self.envd().read(text).await.map_err(|e| self.failure(e))
+    }
+
     /// envd's upload creates a file with mode 0666 under the umask, and keeps the mode of one
     /// that exists (`O_TRUNC`, infra's `packages/envd/internal/api/upload.go`); so the file is
     /// first made empty with mode 0600 beside its target, uploaded into, and renamed over it.

@@ -148,9 +148,10 @@ impl<H: ProjectHost> Orchestrator<H> {
 /// How often the step file is read while a sync runs.
 const STEP_POLL: Duration = Duration::from_secs(1);
 
-/// Runs `run`, reading the sandbox's step file every [`STEP_POLL`] meanwhile: each new step
-/// it names (one of [`SYNC_STEPS`]; anything else the sandbox writes there is not shown)
-/// becomes the `syncing` status's step.
+/// Runs `run`, peeking at the sandbox's step file every [`STEP_POLL`] meanwhile: each new
+/// step it names (one of [`SYNC_STEPS`]; anything else the sandbox writes there is not shown)
+/// becomes the `syncing` status's step. The first peek that fails ends the peeking (the step
+/// shown stays): a sandbox that does not answer is the command's to recover, not the reader's.
 async fn showing_steps<S: Sandbox, T>(
     sandbox: &S,
     step_file: &Path,
@@ -162,12 +163,19 @@ async fn showing_steps<S: Sandbox, T>(
     let mut tick = tokio::time::interval(STEP_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut shown: Option<String> = None;
+    let mut peeking = true;
     loop {
         tokio::select! {
             ran = &mut run => return ran,
-            _ = tick.tick() => {
-                let Ok(Some(bytes)) = sandbox.read_file(step_file).await else {
-                    continue;
+            _ = tick.tick(), if peeking => {
+                let bytes = match sandbox.peek_file(step_file).await {
+                    Ok(Some(bytes)) => bytes,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        tracing::debug!(sandbox = %sandbox.id(), %error, "the sync's step is no longer read");
+                        peeking = false;
+                        continue;
+                    }
                 };
                 let text = String::from_utf8_lossy(&bytes);
                 let Some(step) = SYNC_STEPS.into_iter().find(|s| *s == text.trim_end()) else {
