@@ -35,6 +35,11 @@ use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
 /// While a git lock exists or a git command runs in the repository, how often the watcher
 /// looks again (a process ending shows in no file event; the look is a read of `/proc`).
 const PAUSE_POLL: Duration = Duration::from_secs(1);
+
+/// How long the loop has had nothing to do before the watcher hands back the memory its last
+/// piece of work left ([`crate::resources::release_free_memory`]): long enough that a burst
+/// of work is one release, short enough that the quiet watcher is small at once.
+const SETTLED: Duration = Duration::from_millis(250);
 /// How long a stop waits for a git command holding the index before leaving it unwritten.
 const INDEX_BUSY_WAIT: Duration = Duration::from_secs(2);
 
@@ -283,7 +288,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // pass (a stale lock, a full disk, a read-only `.git`) is retried like any other save:
     // exiting would only make the supervisor restart us into the same fault.
     let (watcher, first) = saver.start(watcher).await?;
-    crate::resources::release_free_memory();
     let watched = watcher.watched_dirs();
     match book.record_save(first, &reader, pusher.as_ref().map(|p| &p.heads)) {
         SaveOutcome::Done { index_unwritten } => index_write.saved(index_unwritten),
@@ -319,11 +323,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let mut pusher = pusher;
     tokio::pin!(shutdown);
     let mut gone = None;
+    // The start-up pass, and later each piece of work, leaves memory and code pages the quiet
+    // watcher does not need: handed back once the loop has had nothing to do for `SETTLED`.
+    // Every turn of the loop but the one that released is work done.
+    let mut released = false;
+    let mut release_at = None;
     loop {
         let retry_at = failed.as_ref().and_then(|f| f.1);
         let write_index_at = index_write.at;
+        if !std::mem::take(&mut released) {
+            release_at = Some(Instant::now() + SETTLED);
+        }
         let mut changes = tokio::select! {
             () = &mut shutdown => break,
+            () = sleep_until(release_at), if release_at.is_some() => {
+                crate::resources::release_free_memory();
+                release_at = None;
+                released = true;
+                continue;
+            }
             msg = debounced.recv() => match msg {
                 Some(Debounced::Pending) => {
                     index_write.pending();
@@ -346,10 +364,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             }
             () = sleep_until(write_index_at), if write_index_at.is_some() => {
                 match saver.write_index().await {
-                    Ok(IndexOutcome::Done) => {
-                        index_write.written();
-                        crate::resources::release_free_memory();
-                    }
+                    Ok(IndexOutcome::Done) => index_write.written(),
                     Ok(IndexOutcome::Busy(pause)) => {
                         tracing::debug!("the git index is written later: {pause}");
                         index_write.failed();

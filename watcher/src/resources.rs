@@ -5,8 +5,9 @@
 //! Read from `/proc` and `statvfs` rather than through `sysinfo`: these three numbers are a
 //! few hundred bytes of reads, while `sysinfo` keeps tables of every process and disk.
 //!
-//! [`release_free_memory`] hands the allocator's free pages back to the system once a pass is
-//! over, so a watcher's resident memory is what it keeps, not the peak of its last pass.
+//! [`release_free_memory`] hands the allocator's free pages and the executable's code pages
+//! back to the system once a pass is over, so a watcher's resident memory is what it keeps,
+//! not the peak of its last pass nor the code of its start-up.
 
 use std::fs;
 use std::path::Path;
@@ -20,10 +21,17 @@ pub const MIN_FREE_DISK_ENV: &str = "PROJECT_WATCHER_MIN_FREE_DISK";
 const MIN_FREE_FLOOR: u64 = 512 * 1024 * 1024;
 const MIN_FREE_PERCENT: u64 = 5;
 
-/// Returns the allocator's free memory to the system (glibc's `malloc_trim`, which also
-/// releases free pages inside each thread's arena): called when a pass is over (start-up, a
-/// quiet index write). A walk's short-lived paths are freed between the long-lived index
-/// entries and watches allocated beside them; glibc keeps such holes resident otherwise.
+/// Returns the memory a finished pass leaves behind to the system: called when a pass is over
+/// (start-up, a quiet index write).
+///
+/// - The allocator's free pages (glibc's `malloc_trim`, which also releases free pages inside
+///   each thread's arena): a walk's short-lived paths are freed between the long-lived index
+///   entries and watches allocated beside them; glibc keeps such holes resident otherwise.
+/// - The executable's code and read-only data pages ([`release_code_pages`]): start-up runs
+///   most of the binary once (the command line, the logger, the walk, libgit2's setup), and
+///   those pages stayed mapped for the life of the daemon, the larger part of its resident
+///   memory. Unmapped, they stay in the page cache, and the next save maps back the ones it
+///   runs (minor faults).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 pub(crate) fn release_free_memory() {
@@ -31,6 +39,55 @@ pub(crate) fn release_free_memory() {
     // no allocation; it reads and writes no memory of ours.
     unsafe {
         libc::malloc_trim(0);
+    }
+    release_code_pages();
+}
+
+/// Unmaps the resident pages of the executable's read-only segments (`PT_LOAD` without
+/// `PF_W`: code, constants, unwinding tables) with `MADV_DONTNEED`. Those pages are the file's
+/// own bytes, never written (relocated data lives in the writable segment, `PT_GNU_RELRO`
+/// included, which is left alone), so a later access maps the same bytes again from the page
+/// cache: nothing the program sees changes. Only whole pages inside a segment are advised.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn release_code_pages() {
+    unsafe extern "C" fn executable_only(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        _data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: glibc passes a valid `dl_phdr_info` whose `dlpi_phdr` holds `dlpi_phnum`
+        // program headers, for the duration of this call.
+        let info = unsafe { &*info };
+        let page = rustix::param::page_size();
+        for i in 0..usize::from(info.dlpi_phnum) {
+            // SAFETY: `i < dlpi_phnum` (see above).
+            let header = unsafe { &*info.dlpi_phdr.add(i) };
+            if header.p_type != libc::PT_LOAD || header.p_flags & libc::PF_W != 0 {
+                continue;
+            }
+            let start = (info.dlpi_addr as usize + header.p_vaddr as usize).next_multiple_of(page);
+            let end = (info.dlpi_addr as usize + (header.p_vaddr + header.p_memsz) as usize) / page
+                * page;
+            if end > start {
+                // SAFETY: the range lies inside a read-only segment of this executable, which
+                // stays mapped for the life of the process; `MADV_DONTNEED` on a private file
+                // mapping that was never written only drops page table entries, and the next
+                // access reads the file's same bytes. A failure changes nothing, so it is
+                // ignored.
+                unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+                }
+            }
+        }
+        // The executable is the first object glibc reports; the shared libraries' pages are
+        // shared with every other process that maps them.
+        1
+    }
+    // SAFETY: the callback only reads what glibc hands it and advises pages of the
+    // executable's read-only segments (see above).
+    unsafe {
+        libc::dl_iterate_phdr(Some(executable_only), std::ptr::null_mut());
     }
 }
 

@@ -250,3 +250,74 @@ fn status_shows_the_watchers_memory_cpu_and_free_disk_and_warns_before_it_is_ful
         .unwrap();
     assert!(watcher.wait().unwrap().success());
 }
+
+/// Resident and total KiB of a process's mappings of its own executable's code (`r-xp`).
+fn executable_code_kib(pid: u32) -> (u64, u64) {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let exe = exe.to_string_lossy().into_owned();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let (mut ours, mut resident, mut size) = (false, 0, 0);
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [range, perms, _, _, _, path, ..] if range.contains('-') => {
+                ours = *path == exe && *perms == "r-xp";
+            }
+            ["Rss:", kib, ..] if ours => resident += kib.parse::<u64>().unwrap(),
+            ["Size:", kib, ..] if ours => size += kib.parse::<u64>().unwrap(),
+            _ => {}
+        }
+    }
+    (resident, size)
+}
+
+#[test]
+fn a_quiet_watcher_hands_back_the_code_it_ran_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("p");
+    init_repo(&repo);
+    for i in 0..50 {
+        std::fs::create_dir_all(repo.join(format!("src/d{i}"))).unwrap();
+        std::fs::write(repo.join(format!("src/d{i}/f.ts")), format!("{i}\n")).unwrap();
+    }
+    let mut cmd = Command::new(BIN);
+    cmd.args(["watch", "--no-push", "--log-format", "json", "--dir"])
+        .arg(&repo)
+        .stderr(std::process::Stdio::null());
+    for (k, v) in hermetic_env(tmp.path()) {
+        cmd.env(k, v);
+    }
+    let mut watcher = cmd.spawn().unwrap();
+    let pid = watcher.id();
+    testkit::wait::until(testkit::wait::PATIENCE, "the watcher's status", || {
+        project_watcher::status::read(&repo.join(".git"))
+            .ok()
+            .filter(|s| s.pid == pid)
+    });
+    // Start-up ran much of the binary (the command line, the logger, the walk, the first
+    // save): most of its code pages (five in six, here). Once quiet, less than half of them
+    // stay mapped.
+    let quiet = testkit::wait::until_seen(
+        testkit::wait::PATIENCE,
+        "the start-up's code pages handed back",
+        || {
+            let (resident, size) = executable_code_kib(pid);
+            if resident * 2 < size {
+                Ok((resident, size))
+            } else {
+                Err((resident, size))
+            }
+        },
+    );
+    // And it still works: an edit is saved (the code it needs comes back as it runs).
+    std::fs::write(repo.join("src/d0/f.ts"), "edited\n").unwrap();
+    testkit::wait::until(testkit::wait::PATIENCE, "the edit saved", || {
+        testkit::git::git_output(&repo, ["show", "HEAD:src/d0/f.ts"])
+            .stdout
+            .starts_with(b"edited")
+            .then_some(())
+    });
+    watcher.kill().unwrap();
+    watcher.wait().unwrap();
+    eprintln!("resident code when quiet: {quiet:?} KiB");
+}
