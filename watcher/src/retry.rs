@@ -194,14 +194,20 @@ pub fn classify_git_error(
 /// `ng <ref> <reason>` (receive-pack's words: `missing necessary objects`, `non-fast-forward`).
 /// receive-pack's `failed to update ref` and `failed to lock` are the server's own trouble,
 /// most often a lock another receive-pack still holds (one whose client was killed mid-push):
-/// tried again within a second, as a server error, not after a refusal's half minute.
+/// tried again within a second, as a server error, not after a refusal's half minute. So is
+/// `unable to migrate objects to permanent storage`: the pack arrived whole, and the server
+/// could not move its quarantine into the repository (seen once in 100 `kill -9` rounds, a
+/// push right after a killed one).
 pub fn classify_ref_rejection(message: &str) -> FailureKind {
     let m = message.to_ascii_lowercase();
     if m.contains("non-fast-forward") || m.contains("fetch first") || m.contains("stale info") {
         FailureKind::NonFastForward
     } else if m.contains("missing necessary objects") || m.contains("unpacker error") {
         FailureKind::MissingObjects
-    } else if m.contains("failed to update ref") || m.contains("failed to lock") {
+    } else if m.contains("failed to update ref")
+        || m.contains("failed to lock")
+        || m.contains("unable to migrate objects")
+    {
         FailureKind::Server
     } else {
         FailureKind::Rejected
@@ -397,6 +403,7 @@ mod tests {
                 Server,
             ),
             ("failed to lock", Server),
+            ("unable to migrate objects to permanent storage", Server),
         ] {
             assert_eq!(classify_ref_rejection(message), expected, "{message}");
         }
