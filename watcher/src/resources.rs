@@ -5,9 +5,10 @@
 //! Read from `/proc` and `statvfs` rather than through `sysinfo`: these three numbers are a
 //! few hundred bytes of reads, while `sysinfo` keeps tables of every process and disk.
 //!
-//! [`release_free_memory`] hands the allocator's free pages and the executable's code pages
-//! back to the system once a pass is over, so a watcher's resident memory is what it keeps,
-//! not the peak of its last pass nor the code of its start-up.
+//! [`release_free_memory`] hands the allocator's free pages, the executable's code pages and
+//! the pages of the pack files libgit2 mapped back to the system once a pass is over, so a
+//! watcher's resident memory is what it keeps, not the peak of its last pass, the code of its
+//! start-up, nor the objects it last read.
 
 use std::fs;
 use std::path::Path;
@@ -32,6 +33,9 @@ const MIN_FREE_PERCENT: u64 = 5;
 ///   those pages stayed mapped for the life of the daemon, the larger part of its resident
 ///   memory. Unmapped, they stay in the page cache, and the next save maps back the ones it
 ///   runs (minor faults).
+/// - The pages of the pack files libgit2 keeps mapped ([`release_pack_pages`]): a save reads
+///   trees and the pack index through them, and they stayed resident between saves (7.3 MiB
+///   of a quiet watcher's 33 MiB at 100k tracked files).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 pub(crate) fn release_free_memory() {
@@ -41,6 +45,50 @@ pub(crate) fn release_free_memory() {
         libc::malloc_trim(0);
     }
     release_code_pages();
+    release_pack_pages();
+}
+
+/// Reclaims the resident pages of the read-only mappings of the repository's pack files
+/// (`.pack`, `.idx` and the multi-pack index under `objects/pack/`, the commit graph under
+/// `objects/info/`) with `MADV_PAGEOUT`, which takes them out of this process and, when no
+/// other process maps them, out of the page cache; the next read maps them back from the
+/// file. Unlike `MADV_DONTNEED`, it never discards data, whatever is mapped at the address:
+/// libgit2 may unmap a window on another thread (the push worker drops its repository)
+/// between the read of `/proc/self/maps` and the advice, and whatever is mapped there next
+/// is at most paged out. Kernels before 5.4, and files in memory (tmpfs) with no swap, keep
+/// the pages.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn release_pack_pages() {
+    let Ok(maps) = fs::read_to_string("/proc/self/maps") else {
+        return;
+    };
+    for (start, end) in maps.lines().filter_map(pack_mapping) {
+        // SAFETY: `MADV_PAGEOUT` only reclaims pages: their contents stay what they were
+        // (written back or read again), so no memory of the program changes, whatever the
+        // range holds by now. A failure changes nothing, so it is ignored.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+        }
+    }
+}
+
+/// The address range of a line of `/proc/<pid>/maps` when it maps, read-only, a file of a
+/// repository's object store that libgit2 maps (packs, their indexes, the commit graph).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn pack_mapping(line: &str) -> Option<(usize, usize)> {
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    let path = fields.nth(3)?.trim_start();
+    let object_store = path.contains("/objects/pack/") || path.contains("/objects/info/");
+    if perms.contains('w') || !object_store {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    (end > start).then_some((start, end))
 }
 
 /// Unmaps the resident pages of the executable's read-only segments (`PT_LOAD` without
@@ -207,6 +255,31 @@ mod tests {
         );
         assert_eq!(disk_warning(space, space.free), None);
         assert!(disk_warning(space, space.free + 1).is_some());
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn only_read_only_mappings_of_the_object_store_are_pack_pages() {
+        let pack = "7f4e4c000000-7f4e4c497000 r--s 00000000 fe:00 2097 \
+                    /p/.git/objects/pack/pack-50c6.pack";
+        assert_eq!(
+            pack_mapping(pack),
+            Some((0x7f4e_4c00_0000, 0x7f4e_4c49_7000))
+        );
+        let spaced = "1000-3000 r--p 00000000 fe:00 2098   /my project/.git/objects/pack/p.idx";
+        assert_eq!(pack_mapping(spaced), Some((0x1000, 0x3000)));
+        let graph = "1000-2000 r--p 00000000 fe:00 2099 /p/.git/objects/info/commit-graph";
+        assert_eq!(pack_mapping(graph), Some((0x1000, 0x2000)));
+        for other in [
+            "1000-2000 rw-p 00000000 fe:00 2097 /p/.git/objects/pack/pack-1.pack",
+            "1000-2000 r--p 00000000 fe:00 77 /usr/lib/x86_64-linux-gnu/libc.so.6",
+            "1000-2000 rw-p 00000000 00:00 0 ",
+            "1000-2000 rw-p 00000000 00:00 0",
+            "7ffd0000-7ffd2000 rw-p 00000000 00:00 0 [stack]",
+            "2000-1000 r--p 00000000 fe:00 2097 /p/.git/objects/pack/pack-1.pack",
+        ] {
+            assert_eq!(pack_mapping(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -321,3 +321,89 @@ fn a_quiet_watcher_hands_back_the_code_it_ran_at_start() {
     watcher.wait().unwrap();
     eprintln!("resident code when quiet: {quiet:?} KiB");
 }
+
+/// Resident and total KiB of a process's mappings of pack files (`.pack`, `.idx`).
+fn pack_kib(pid: u32) -> (u64, u64) {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let (mut ours, mut resident, mut size) = (false, 0, 0);
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [range, _, _, _, _, path, ..] if range.contains('-') => {
+                ours = path.contains("/objects/pack/pack-");
+            }
+            [range, ..] if range.contains('-') => ours = false,
+            ["Rss:", kib, ..] if ours => resident += kib.parse::<u64>().unwrap(),
+            ["Size:", kib, ..] if ours => size += kib.parse::<u64>().unwrap(),
+            _ => {}
+        }
+    }
+    (resident, size)
+}
+
+#[test]
+fn a_quiet_watcher_hands_back_the_pack_pages_its_save_read() {
+    // On the build's disk, not in a temporary file system: pages of a file in memory (tmpfs)
+    // cannot be paged out without swap.
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let repo = tmp.path().join("p");
+    init_repo(&repo);
+    for i in 0..200 {
+        std::fs::create_dir_all(repo.join(format!("src/d{}/e{i}", i % 20))).unwrap();
+        std::fs::write(
+            repo.join(format!("src/d{}/e{i}/f.ts", i % 20)),
+            format!("export const n = {i};\n").repeat(40),
+        )
+        .unwrap();
+    }
+    testkit::git::git(&repo, ["add", "-A"]);
+    testkit::git::git(&repo, ["commit", "-q", "-m", "init"]);
+    // As a restored project arrives: every object in one pack.
+    testkit::git::git(&repo, ["gc", "-q"]);
+    let mut cmd = Command::new(BIN);
+    cmd.args(["watch", "--no-push", "--log-format", "json", "--dir"])
+        .arg(&repo)
+        .args(["--debounce", "100ms"])
+        .stderr(std::process::Stdio::null());
+    for (k, v) in hermetic_env(tmp.path()) {
+        cmd.env(k, v);
+    }
+    let mut watcher = cmd.spawn().unwrap();
+    let pid = watcher.id();
+    testkit::wait::until(testkit::wait::PATIENCE, "the watcher's status", || {
+        project_watcher::status::read(&repo.join(".git"))
+            .ok()
+            .filter(|s| s.pid == pid)
+    });
+    // The save reads the trees on the edited path, and the pack index, from the pack.
+    std::fs::write(repo.join("src/d3/e3/f.ts"), "edited\n").unwrap();
+    testkit::wait::until(testkit::wait::PATIENCE, "the edit saved", || {
+        testkit::git::git_output(&repo, ["show", "HEAD:src/d3/e3/f.ts"])
+            .stdout
+            .starts_with(b"edited")
+            .then_some(())
+    });
+    let quiet = testkit::wait::until_seen(
+        testkit::wait::PATIENCE,
+        "the pack pages handed back",
+        || {
+            let (resident, size) = pack_kib(pid);
+            if size > 0 && resident == 0 {
+                Ok((resident, size))
+            } else {
+                Err((resident, size))
+            }
+        },
+    );
+    // And the next save reads them again.
+    std::fs::write(repo.join("src/d7/e7/f.ts"), "edited again\n").unwrap();
+    testkit::wait::until(testkit::wait::PATIENCE, "the second edit saved", || {
+        testkit::git::git_output(&repo, ["show", "HEAD:src/d7/e7/f.ts"])
+            .stdout
+            .starts_with(b"edited again")
+            .then_some(())
+    });
+    watcher.kill().unwrap();
+    watcher.wait().unwrap();
+    eprintln!("pack pages when quiet: {quiet:?} KiB");
+}
