@@ -7,8 +7,10 @@
 //! then the branch moves; only then is the save reported. So when `HEAD` moves, the index
 //! already names what it does (a user's `git add; git commit` right after keeps the save).
 //! A save that changed only entries' stat data leaves the file to the quiet write
-//! ([`SaveWorker::write_index`]). A kill before the branch moves leaves an index ahead of
-//! `HEAD`, which the next start reads: its pass commits the same tree.
+//! ([`SaveWorker::write_index`]), which writes it for stat data alone only when hashing those
+//! files again would cost the next reader more than the write. A kill before the branch
+//! moves leaves an index ahead of `HEAD`, which the next start reads: its pass commits the
+//! same tree.
 
 use std::io;
 use std::path::{Path, PathBuf};

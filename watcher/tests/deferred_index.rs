@@ -372,3 +372,86 @@ fn a_project_that_is_never_quiet_still_gets_its_index_written() {
     daemon.stop().expect("clean shutdown");
     assert!(still_busy, "the project was busy all along");
 }
+
+/// Sets the modification time of every tracked file to `ago` in the past (content unchanged).
+fn age_tracked_files(repo: &Repo, ago: Duration) {
+    let when = std::time::SystemTime::now() - ago;
+    for rel in git_read_only(&repo.dir, &["ls-files"]).lines() {
+        fs::File::options()
+            .write(true)
+            .open(repo.path(rel))
+            .and_then(|file| file.set_modified(when))
+            .unwrap();
+    }
+}
+
+/// The index file as bytes and inode: a rewrite (libgit2 writes `index.lock`, then renames)
+/// changes the inode even when the bytes come out equal.
+fn index_file(repo: &Repo) -> (u64, Vec<u8>) {
+    use std::os::unix::fs::MetadataExt;
+    let path = repo.path(".git/index");
+    (fs::metadata(&path).unwrap().ino(), fs::read(&path).unwrap())
+}
+
+#[test]
+fn stat_data_alone_gets_the_index_file_written_only_when_that_costs_less_than_hashing_again() {
+    let repo = Repo::new();
+    for n in 0..300 {
+        repo.write(&format!("src/file{n}.ts"), &format!("{n}\n"));
+    }
+    let daemon = Daemon::start(&repo, repo.config());
+    repo.wait_saved();
+    daemon.stop().expect("clean shutdown");
+    age_tracked_files(&repo, Duration::from_secs(3600));
+    // git refreshes the stat data: every file is older than the index file, none racy.
+    repo.git(&["add", "-A"]);
+    // One file committed in the index file's own second: git's racy-clean rule hashes it again
+    // at the next start, and finds the same content.
+    let racy = repo.path("racy.txt");
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        repo.write("racy.txt", &format!("racy {attempts}\n"));
+        repo.git(&["add", "racy.txt"]);
+        repo.git(&["commit", "-qm", "racy"]);
+        let second = |p: &std::path::Path| {
+            use std::os::unix::fs::MetadataExt;
+            fs::metadata(p).unwrap().mtime()
+        };
+        if second(&racy) == second(&repo.path(".git/index")) {
+            break;
+        }
+        assert!(
+            attempts < 10,
+            "never wrote racy.txt and the index in one second"
+        );
+    }
+    let before = index_file(&repo);
+    let commits = repo.commit_count();
+    let mut config = repo.config();
+    config.index_quiet = Duration::from_millis(50);
+    // Its stop writes the index file if the watcher has anything for it.
+    Daemon::start(&repo, config.clone())
+        .stop()
+        .expect("clean shutdown");
+    assert!(
+        index_file(&repo) == before,
+        "the index file was written again for one file's stat data"
+    );
+    assert_eq!(repo.commit_count(), commits);
+    assert_eq!(git_read_only(&repo.dir, &["status", "--porcelain"]), "");
+
+    // Every file's stat data moved (a copy of the project): hashing them all again at the
+    // next start costs more than writing the file, so it is written, with their stat data.
+    age_tracked_files(&repo, Duration::from_secs(7200));
+    let stale = git_read_only(&repo.dir, &["diff-files", "--name-only"]);
+    assert_eq!(stale.lines().count(), 302, "{stale}");
+    Daemon::start(&repo, config).stop().expect("clean shutdown");
+    let stale = git_read_only(&repo.dir, &["diff-files", "--name-only"]);
+    assert!(
+        stale.is_empty(),
+        "{} files' stat data never reached the index file",
+        stale.lines().count()
+    );
+    assert_eq!(repo.commit_count(), commits);
+}

@@ -53,6 +53,11 @@ impl IndexFile {
         }
     }
 
+    /// The size of the file as the watcher last read or wrote it (0 if there was none).
+    pub(crate) fn len(&self) -> u64 {
+        self.stamp.as_ref().map_or(0, |stamp| stamp.size)
+    }
+
     /// The file is not what the watcher last read or wrote.
     pub(crate) fn written_elsewhere(&self) -> bool {
         FileStamp::of(&self.path) != self.stamp

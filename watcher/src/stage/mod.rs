@@ -53,6 +53,10 @@ use decide::{Action, GITLINK_MODE, Held, OnDisk, Via, is_frozen, is_intent_to_ad
 pub(crate) use index_file::OwnIndex;
 use index_file::{IndexFile, stat_matches};
 
+/// What hashing one file again costs its next reader beyond its bytes (the open, the read,
+/// the object lookup), counted as bytes of index file written instead.
+const REHASH_OVERHEAD: u64 = 4096;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
     /// The index could not be read or written (locked by a live git command, disk full):
@@ -92,6 +96,13 @@ pub struct Stager {
     touched: BTreeSet<PathBuf>,
     /// Paths whose index entry changed since the index file was last written by the watcher.
     unwritten: BTreeSet<PathBuf>,
+    /// Entries refreshed since the index file was last written or read whose content did not
+    /// change, only their stat data (a copied project; a file written in the index file's own
+    /// second, which git's racy-clean rule hashes again): not `unwritten`, the file names the
+    /// same content. What the next reader of the file pays to hash them again: their sizes,
+    /// plus [`REHASH_OVERHEAD`] each. The quiet write writes the file for them only once that
+    /// is at least the file's own size, what writing it costs.
+    stat_refreshed: u64,
     /// The index file was last written by a save, with its tree cache invalidated on the
     /// changed paths (valid everywhere else, which git reads as it is): the quiet write makes
     /// it whole.
@@ -138,6 +149,7 @@ impl Stager {
             tree: None,
             touched: BTreeSet::new(),
             unwritten: BTreeSet::new(),
+            stat_refreshed: 0,
             cache_partial: false,
             store_failure: None,
             tracked_ignored_found: Vec::new(),
@@ -234,10 +246,17 @@ impl Stager {
         !self.unwritten.is_empty()
     }
 
-    /// Whether the quiet write has work: changes the file lacks, or its tree cache to make
-    /// whole after a save wrote it.
+    /// Whether the quiet write has work: changes the file lacks, its tree cache to make whole
+    /// after a save wrote it, or stat data refreshed that would cost more to hash again than
+    /// to write.
     pub fn wants_write(&self) -> bool {
-        self.has_unwritten() || self.cache_partial
+        self.has_unwritten() || self.cache_partial || self.stat_refresh_pays()
+    }
+
+    /// Whether writing the index file costs less than the next reader's hashing again the
+    /// files whose stat data alone the watcher refreshed.
+    fn stat_refresh_pays(&self) -> bool {
+        self.stat_refreshed > 0 && self.stat_refreshed >= self.index_file.len()
     }
 
     /// Writes the in-memory index to `.git/index` when it holds changes the file does not
@@ -251,7 +270,8 @@ impl Stager {
     /// cache is written as the saves left it, invalid on the changed paths only, which git
     /// reads and recomputes as it needs.
     pub fn write_index(&mut self, repo: &Repository, whole: bool) -> Result<bool, StageError> {
-        if self.unwritten.is_empty() && !(whole && self.cache_partial) {
+        if self.unwritten.is_empty() && !(whole && (self.cache_partial || self.stat_refresh_pays()))
+        {
             return Ok(false);
         }
         if self.index_file.written_elsewhere() {
@@ -269,6 +289,7 @@ impl Stager {
         }
         self.index_file.write(&mut self.index).map_err(err)?;
         self.unwritten.clear();
+        self.stat_refreshed = 0;
         self.cache_partial = !whole;
         Ok(true)
     }
@@ -290,6 +311,7 @@ impl Stager {
                 source,
             })?;
         let mut again = std::mem::take(&mut self.unwritten);
+        self.stat_refreshed = 0;
         again.extend(changed_entries(before, entry_ids(&self.index)));
         self.tree = None;
         self.touched.clear();
@@ -583,6 +605,10 @@ impl Stager {
             return;
         }
         self.skipped.remove(rel);
+        let before = entry
+            .as_ref()
+            .filter(|entry| !is_intent_to_add(entry))
+            .map(|entry| (entry.id, entry.mode));
         if skip_unchanged
             && entry.is_some_and(|entry| !is_intent_to_add(&entry) && stat_matches(&entry, meta))
             && self.index_file.modified_before(meta)
@@ -594,11 +620,12 @@ impl Stager {
         // A symbolic link's blob is its target, which no filter touches.
         let git_hashes = meta.is_file() && self.filters.needs_git(rel, indexed);
         match self.index.add_path(rel) {
-            Ok(()) if git_hashes => {
-                self.touch(rel);
-                self.hash_with_git(rel);
+            Ok(()) => {
+                if git_hashes {
+                    self.hash_with_git(rel);
+                }
+                self.added(rel, before, meta.len());
             }
-            Ok(()) => self.touch(rel),
             // A readable file the file system refused to store: the whole batch waits for it.
             Err(e) if content::is_store_failure(&e, &self.workdir.join(rel), meta) => {
                 self.store_failure.get_or_insert((rel.to_owned(), e));
@@ -608,6 +635,22 @@ impl Stager {
                 "cannot save this file, its last saved version is kept: {}",
                 e.message()
             ),
+        }
+    }
+
+    /// Records the entry `add_file` made for `rel`: a change, unless it names the content and
+    /// mode it did before (`before`) and only its stat data moved.
+    fn added(&mut self, rel: &Path, before: Option<(Oid, u32)>, size: u64) {
+        let after = self
+            .index
+            .get_path(rel, 0)
+            .map(|entry| (entry.id, entry.mode));
+        if before.is_some() && after == before {
+            self.stat_refreshed = self
+                .stat_refreshed
+                .saturating_add(size.saturating_add(REHASH_OVERHEAD));
+        } else {
+            self.touch(rel);
         }
     }
 
