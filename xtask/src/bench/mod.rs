@@ -106,6 +106,9 @@ struct Machine {
     git: String,
     inotifywait: String,
     revision: String,
+    /// Where the fixtures lived and on what file system (`fixtures_root`).
+    fixtures_dir: String,
+    fixtures_fs: String,
 }
 
 #[derive(Serialize)]
@@ -169,7 +172,12 @@ pub fn run(options: Options) -> Result<()> {
             PathBuf::new()
         },
     };
-    let fixtures_root = root.join("target/bench-fixtures");
+    let fixtures_root = fixtures_root(&root);
+    eprintln!(
+        "bench: fixtures in {} ({})",
+        fixtures_root.display(),
+        fs_name(&fixtures_root)
+    );
     let scratch = fixtures_root.join("scratch");
     fs::create_dir_all(&scratch)?;
     let run_tag = SystemTime::now()
@@ -249,7 +257,7 @@ pub fn run(options: Options) -> Result<()> {
         started_at,
         duration_s: started.elapsed().as_secs_f64(),
         plan: &plan,
-        machine: machine(&root, load_at_start),
+        machine: machine(&root, &fixtures_root, load_at_start),
         fixtures: results.values().collect(),
         figures,
         failures: &session.failures,
@@ -337,6 +345,41 @@ fn build_watcher(root: &Path) -> Result<PathBuf> {
     Ok(target.join("release/project-watcher"))
 }
 
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+
+/// Fixtures live on tmpfs when the machine has room there, else under `target/`. On ext4
+/// without a journal (the bench machine's root), creating an inode within minutes of a
+/// mass deletion checks every recently freed one (`recently_deleted` in ext4's
+/// `find_inode_bit`), and the bench deletes thousands of files itself (the node_modules burst,
+/// a remote's gc prune): the side that ran next paid up to 4x for the file system, not for
+/// its own work. tmpfs keeps inodes in memory and has no such scan.
+fn fixtures_root(root: &Path) -> PathBuf {
+    const NEEDED: u64 = 4 << 30;
+    let shm = Path::new("/dev/shm");
+    match rustix::fs::statfs(shm) {
+        Ok(st)
+            if st.f_type as u64 == TMPFS_MAGIC
+                && st.f_bavail.saturating_mul(st.f_bsize as u64) >= NEEDED =>
+        {
+            shm.join("project-watcher-bench")
+        }
+        _ => root.join("target/bench-fixtures"),
+    }
+}
+
+/// The file system holding `path`, by name where it is a common one.
+fn fs_name(path: &Path) -> String {
+    match rustix::fs::statfs(path).map(|st| st.f_type as u64) {
+        Ok(TMPFS_MAGIC) => "tmpfs".into(),
+        Ok(0xEF53) => "ext2/3/4".into(),
+        Ok(0x5846_5342) => "xfs".into(),
+        Ok(0x9123_683E) => "btrfs".into(),
+        Ok(0x794C_7630) => "overlayfs".into(),
+        Ok(magic) => format!("file system magic {magic:#x}"),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
 fn load_average() -> String {
     fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -362,7 +405,7 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-fn machine(root: &Path, load_at_start: String) -> Machine {
+fn machine(root: &Path, fixtures: &Path, load_at_start: String) -> Machine {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let meminfo = fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let mem_kib: f64 = meminfo
@@ -396,5 +439,7 @@ fn machine(root: &Path, load_at_start: String) -> Machine {
                 "--dirty",
             ],
         ),
+        fixtures_dir: fixtures.display().to_string(),
+        fixtures_fs: fs_name(fixtures),
     }
 }
