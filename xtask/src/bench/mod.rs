@@ -173,13 +173,13 @@ pub fn run(options: Options) -> Result<()> {
         },
     };
     let fixtures_root = fixtures_root(&root);
+    let scratch = fixtures_root.join("scratch");
+    fs::create_dir_all(&scratch)?;
     eprintln!(
         "bench: fixtures in {} ({})",
         fixtures_root.display(),
         fs_name(&fixtures_root)
     );
-    let scratch = fixtures_root.join("scratch");
-    fs::create_dir_all(&scratch)?;
     let run_tag = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)?
         .as_secs()
