@@ -211,6 +211,25 @@ fn ident_collapses_every_id_as_git_does() {
     );
 }
 
+/// No `.gitattributes` in the tree: the watcher's shortcut past attribute lookups must still
+/// see the files outside it, here `ident`, which libgit2 applies to the first `$Id$` only.
+#[test]
+fn attributes_files_outside_the_tree_apply_as_git_s_do() {
+    let body = "$Id$\n$Id: 1234 $\n";
+    let (repo, _d) = check_state("ident in info/attributes", |repo| {
+        fs::write(repo.path(".git/info/attributes"), "*.id ident\n").unwrap();
+        repo.write("a.id", body);
+    });
+    assert_eq!(repo.git(&["show", "HEAD:a.id"]), "$Id$\n$Id$\n");
+    let (repo, _d) = check_state("ident in core.attributesFile", |repo| {
+        let file = repo.dir.parent().unwrap().join("attributes");
+        fs::write(&file, "*.id ident\n").unwrap();
+        repo.git(&["config", "core.attributesFile", file.to_str().unwrap()]);
+        repo.write("a.id", body);
+    });
+    assert_eq!(repo.git(&["show", "HEAD:a.id"]), "$Id$\n$Id$\n");
+}
+
 #[test]
 fn index_edits_the_user_makes_while_the_watcher_runs_hold_at_the_next_save() {
     let repo = Repo::new();

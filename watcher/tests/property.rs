@@ -6,7 +6,8 @@
 //! tracked, some of them ignored), forced adds, skip-worktree / assume-unchanged /
 //! intent-to-add entries, sparse checkouts (with and without a sparse index), submodules
 //! checked out and not, nested repositories, `.gitattributes` (`ident` with several `$Id$`,
-//! `core.autocrlf` over blobs with a lone CR, one removed from the disk), `core.ignoreCase`,
+//! `core.autocrlf` over blobs with a lone CR, one removed from the disk), attributes in
+//! `.git/info/attributes` and `core.attributesFile`, `core.ignoreCase`,
 //! rules with unusual syntax (`***`, `a**`, an unclosed brace, classes) in `.gitignore` files,
 //! `.git/info/exclude` (with bytes that are not UTF-8) and `core.excludesFile` (absolute or
 //! relative), a `.gitignore` or `.gitattributes` that is a symbolic link. While watching,
@@ -235,6 +236,12 @@ enum Setup {
         lines: Vec<usize>,
         excludes_file: bool,
     },
+    /// Attributes in `.git/info/attributes`, or in a file outside the repository that
+    /// `core.attributesFile` names.
+    OutsideAttributes {
+        lines: Vec<usize>,
+        attributes_file: bool,
+    },
     /// `core.autocrlf=true` (blobs with lone CRs may be in the index already).
     AutoCrlf,
     /// `.git/info/exclude` with a comment that is not UTF-8, then these rules.
@@ -298,6 +305,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         1 => (0..DIRS.len(), prop::collection::vec(0..ATTRIBUTES.len(), 1..3)).prop_map(|(dir, lines)| Setup::Attributes { dir, lines }),
         1 => Just(Setup::IgnoreCase),
         3 => (prop::collection::vec(0..RULES.len(), 1..4), any::<bool>()).prop_map(|(lines, excludes_file)| Setup::Exclude { lines, excludes_file }),
+        1 => (prop::collection::vec(0..ATTRIBUTES.len(), 1..3), any::<bool>()).prop_map(|(lines, attributes_file)| Setup::OutsideAttributes { lines, attributes_file }),
         1 => Just(Setup::AutoCrlf),
         1 => prop::collection::vec(0..RULES.len(), 1..3).prop_map(|lines| Setup::ExcludeBytes { lines }),
         1 => prop::collection::vec(0..RULES.len(), 1..3).prop_map(|lines| Setup::RelativeExcludes { lines }),
@@ -537,6 +545,27 @@ fn prepare(repo: &Repo, upstream: &Path, step: &Setup) {
             };
             let _ = fs::create_dir_all(path.parent().unwrap()).and_then(|()| fs::write(path, text));
         }
+        Setup::OutsideAttributes {
+            lines,
+            attributes_file,
+        } => {
+            git_output(root, ["config", "filter.upper.clean", "tr a-z A-Z"]);
+            let text: String = lines
+                .iter()
+                .map(|&i| format!("{}\n", ATTRIBUTES[i]))
+                .collect();
+            let path = if *attributes_file {
+                let path = root.parent().unwrap().join("attributes");
+                git_output(
+                    root,
+                    ["config", "core.attributesFile", path.to_str().unwrap()],
+                );
+                path
+            } else {
+                root.join(".git/info/attributes")
+            };
+            let _ = fs::create_dir_all(path.parent().unwrap()).and_then(|()| fs::write(path, text));
+        }
         Setup::AutoCrlf => {
             git_output(root, ["config", "core.autocrlf", "true"]);
         }
@@ -710,7 +739,7 @@ impl Reached {
 
 /// Whether a case reaches a rules-file, attribute or index corner of issue 25: a byte that is
 /// not UTF-8 in `info/exclude`, a relative excludes file, a symlinked rules file,
-/// `core.autocrlf`, a `.gitattributes` gone from the disk or written while the watcher works,
+/// attributes outside the tree, `core.autocrlf`, a `.gitattributes` gone from the disk or written while the watcher works,
 /// the user's index edits while it works.
 fn has_corner(before: &[Setup], during: &[Op]) -> bool {
     before.iter().any(|s| {
@@ -721,6 +750,7 @@ fn has_corner(before: &[Setup], during: &[Op]) -> bool {
                 | Setup::RelativeExcludes { .. }
                 | Setup::LinkedRules { .. }
                 | Setup::RemoveAttributes { .. }
+                | Setup::OutsideAttributes { .. }
         )
     }) || during
         .iter()

@@ -618,7 +618,7 @@ impl Stager {
         self.clear_the_way(rel);
         let indexed = self.index.get_path(rel, 0).map(|e| e.id);
         // A symbolic link's blob is its target, which no filter touches.
-        let git_hashes = meta.is_file() && self.filters.needs_git(rel, indexed);
+        let git_hashes = meta.is_file() && self.filters.needs_git(rel, indexed, &self.index);
         match self.index.add_path(rel) {
             Ok(()) => {
                 if git_hashes {
