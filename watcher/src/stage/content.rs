@@ -24,11 +24,28 @@ pub(crate) struct Filters {
     /// `core.autocrlf` is `true` or `input`: files without `text`/`eol` attributes are
     /// converted automatically.
     autocrlf: bool,
+    /// `core.fileMode` and `core.symlinks` are true (or unset), so libgit2 gives a file's
+    /// entry the mode its owner-execute bit says (see `Store::Raw`).
+    plain_modes: bool,
     /// An attributes file outside the tree exists (see `outside_tree_attributes`), re-read
     /// each batch.
     outside_tree: bool,
     /// What each directory's `.gitattributes` is on disk, as looked up this batch.
     attributes_files: HashMap<PathBuf, OnDisk>,
+}
+
+/// How a regular file's content is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    /// No attribute, no `core.autocrlf`: no filter of libgit2's or git's changes a byte, and
+    /// the entry's mode is the one its owner-execute bit says (`core.fileMode` and
+    /// `core.symlinks` on), so the stage may write the bytes it reads and make the entry from
+    /// the file's stat data itself, as `git_index_add_bypath` would.
+    Raw,
+    /// By `git_index_add_bypath`, with libgit2's filters.
+    Filtered,
+    /// By `git_index_add_bypath`, then hashed again by `git hash-object -w`.
+    Git,
 }
 
 /// A directory's `.gitattributes` on disk.
@@ -50,6 +67,7 @@ impl Filters {
             attrs: None,
             drivers: Vec::new(),
             autocrlf: false,
+            plain_modes: false,
             outside_tree: true,
             attributes_files: HashMap::new(),
         };
@@ -78,6 +96,16 @@ impl Filters {
             .is_some_and(|v| {
                 v.eq_ignore_ascii_case("input") || git2::Config::parse_bool(v).unwrap_or(false)
             });
+        self.plain_modes = self.attrs.as_ref().is_some_and(|r| {
+            r.config().is_ok_and(|c| {
+                ["core.filemode", "core.symlinks"]
+                    .iter()
+                    .all(|key| match c.get_bool(key) {
+                        Ok(on) => on,
+                        Err(e) => e.code() == git2::ErrorCode::NotFound,
+                    })
+            })
+        });
         self.outside_tree = self.attrs.as_ref().is_none_or(outside_tree_attributes);
         self.attributes_files.clear();
     }
@@ -107,17 +135,17 @@ impl Filters {
         drivers
     }
 
-    /// Whether git stores this path's content otherwise than libgit2 (see the module's
-    /// list); `indexed` is the blob the index held for it before this change, `index` the one
-    /// being staged. Where no attributes file can apply (none outside the tree, no
-    /// `.gitattributes` on the way to `rel` on disk or in `index`), every attribute is
-    /// unspecified and libgit2 is not asked: its lookups stat each of them again for each
-    /// attribute of each path, a fifth of a 1,000-file save's CPU.
-    pub(crate) fn needs_git(&mut self, rel: &Path, indexed: Option<Oid>, index: &Index) -> bool {
+    /// How the regular file `rel` is to be stored (see `Store`); `indexed` is the blob the
+    /// index held for it before this change, `index` the one being staged. Where no
+    /// attributes file can apply (none outside the tree, no `.gitattributes` on the way to
+    /// `rel` on disk or in `index`), every attribute is unspecified and libgit2 is not asked:
+    /// its lookups stat each of them again for each attribute of each path, a fifth of a
+    /// 1,000-file save's CPU.
+    pub(crate) fn store(&mut self, rel: &Path, indexed: Option<Oid>, index: &Index) -> Store {
         let mut in_tree = false;
         for dir in rel.ancestors().skip(1) {
             match self.attributes_file(dir) {
-                OnDisk::Link => return true,
+                OnDisk::Link => return Store::Git,
                 OnDisk::File => in_tree = true,
                 OnDisk::Absent => {
                     in_tree = in_tree || index.get_path(&dir.join(".gitattributes"), 0).is_some();
@@ -125,11 +153,26 @@ impl Filters {
             }
         }
         let Some(repo) = &self.attrs else {
-            return false;
+            return Store::Filtered;
         };
         if !in_tree && !self.outside_tree {
-            return self.autocrlf && indexed_cr_without_git_s_crlf(repo, indexed);
+            return match (self.autocrlf, self.plain_modes) {
+                (false, true) => Store::Raw,
+                (false, false) => Store::Filtered,
+                (true, _) if indexed_cr_without_git_s_crlf(repo, indexed) => Store::Git,
+                (true, _) => Store::Filtered,
+            };
         }
+        if self.needs_git(repo, rel, indexed) {
+            Store::Git
+        } else {
+            Store::Filtered
+        }
+    }
+
+    /// Whether git stores `rel`'s content otherwise than libgit2 (see the module's list), by
+    /// its attributes.
+    fn needs_git(&self, repo: &Repository, rel: &Path, indexed: Option<Oid>) -> bool {
         let flags = git2::AttrCheckFlags::FILE_THEN_INDEX;
         let attr = |name: &str| {
             let value = repo.get_attr_bytes(rel, name, flags).ok().flatten();

@@ -37,7 +37,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, Metadata};
 use std::hash::BuildHasher;
+use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -48,7 +50,7 @@ use crate::changes::Changes;
 use crate::filter::{self, Filter, TrackedIgnored};
 use crate::scan::{self, DirInIndex, Dirs, Entries, EntryKind};
 use crate::sparse;
-use content::Filters;
+use content::{Filters, Store};
 use decide::{Action, GITLINK_MODE, Held, OnDisk, Via, is_frozen, is_intent_to_add};
 pub(crate) use index_file::OwnIndex;
 use index_file::{IndexFile, stat_matches};
@@ -618,10 +620,18 @@ impl Stager {
         self.clear_the_way(rel);
         let indexed = self.index.get_path(rel, 0).map(|e| e.id);
         // A symbolic link's blob is its target, which no filter touches.
-        let git_hashes = meta.is_file() && self.filters.needs_git(rel, indexed, &self.index);
-        match self.index.add_path(rel) {
+        let store = if meta.is_file() {
+            self.filters.store(rel, indexed, &self.index)
+        } else {
+            Store::Filtered
+        };
+        let added = match store {
+            Store::Raw => self.add_raw(rel, meta),
+            Store::Filtered | Store::Git => self.index.add_path(rel),
+        };
+        match added {
             Ok(()) => {
-                if git_hashes {
+                if store == Store::Git {
                     self.hash_with_git(rel);
                 }
                 self.added(rel, before, meta.len());
@@ -636,6 +646,25 @@ impl Stager {
                 e.message()
             ),
         }
+    }
+
+    /// Adds the regular file `rel` as `git_index_add_bypath` does where no filter applies
+    /// (`Store::Raw`), without its filter lookups: the bytes read, the entry made from `meta`,
+    /// the lstat taken before the read (a write in between leaves the entry's stat data older
+    /// than its content, so the next look hashes the file again; never the reverse), with
+    /// libgit2's fields (`dev` is `st_rdev`, the mode from the owner-execute bit). A file over
+    /// 1 MiB, one that is no longer a regular file, or a read or insert that fails, goes to
+    /// `add_bypath`, which says why.
+    fn add_raw(&mut self, rel: &Path, meta: &Metadata) -> Result<(), git2::Error> {
+        let bytes = (meta.len() <= RAW_MAX)
+            .then(|| read_regular(&self.workdir.join(rel)))
+            .flatten();
+        let Some(bytes) = bytes else {
+            return self.index.add_path(rel);
+        };
+        self.index
+            .add_frombuffer(&raw_entry(rel, meta), &bytes)
+            .or_else(|_| self.index.add_path(rel))
     }
 
     /// Records the entry `add_file` made for `rel`: a change, unless it names the content and
@@ -687,7 +716,6 @@ impl Stager {
     /// path up as a submodule, through a configuration key that cannot hold every name, one
     /// with a newline for one).
     fn add_gitlink(&mut self, rel: &Path) -> Result<(), git2::Error> {
-        use std::os::unix::fs::MetadataExt;
         let abs = self.workdir.join(rel);
         let nested = Repository::open_ext(
             &abs,
@@ -880,8 +908,126 @@ fn changed_entries(
 }
 
 /// A path the disk would not describe (permissions): its saved version stays.
+/// The entry `git_index_add_bypath` makes for the regular file `rel` from its lstat, where
+/// `core.fileMode` is on (its id and size are the bytes' `add_frombuffer` writes).
+fn raw_entry(rel: &Path, meta: &Metadata) -> IndexEntry {
+    let time = |secs: i64, nanos: i64| git2::IndexTime::new(secs as i32, nanos as u32);
+    IndexEntry {
+        ctime: time(meta.ctime(), meta.ctime_nsec()),
+        mtime: time(meta.mtime(), meta.mtime_nsec()),
+        dev: meta.rdev() as u32,
+        ino: meta.ino() as u32,
+        mode: if meta.mode() & 0o100 != 0 {
+            0o100755
+        } else {
+            0o100644
+        },
+        uid: meta.uid(),
+        gid: meta.gid(),
+        file_size: meta.len() as u32,
+        id: Oid::ZERO_SHA1,
+        flags: 0,
+        flags_extended: 0,
+        path: rel.as_os_str().as_bytes().to_vec(),
+    }
+}
+
+/// The largest file `Stager::add_raw` reads itself.
+const RAW_MAX: u64 = 1 << 20;
+
+/// The bytes of the regular file at `abs`, opened without following a symbolic link or
+/// waiting on a FIFO; `None` if it is no longer a regular file, is over `RAW_MAX` by now, or
+/// cannot be read.
+fn read_regular(abs: &Path) -> Option<Vec<u8>> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(abs)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(RAW_MAX) as usize);
+    file.take(RAW_MAX + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= RAW_MAX).then_some(bytes)
+}
+
 fn warn_unreadable(rel: &Path, lstat: &std::io::Result<Metadata>) {
     if let Err(e) = lstat {
         tracing::warn!(path = %rel.display(), "cannot inspect, the saved version is kept: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// libgit2 is the oracle: for files of every permission class, empty ones and ones in
+    /// folders, the entry `add_raw` inserts is the one `git_index_add_bypath` inserts, field by
+    /// field.
+    #[test]
+    fn a_raw_entry_is_the_one_add_bypath_makes() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = Repository::init(dir.path()).unwrap();
+        let other = Repository::open(dir.path()).unwrap();
+        let (mut by_libgit2, mut raw) = (repo.index().unwrap(), other.index().unwrap());
+        let files: &[(&str, &[u8], u32)] = &[
+            ("a.txt", b"one\n", 0o644),
+            ("bin/run", b"#!/bin/sh\n", 0o755),
+            ("empty", b"", 0o600),
+            ("d/e/f.ts", b"crlf\r\n", 0o744),
+            ("g", b"\0bin", 0o654),
+            ("h", b"x", 0o711),
+        ];
+        let fields = |e: IndexEntry| {
+            (
+                (e.ctime.seconds(), e.ctime.nanoseconds()),
+                (e.mtime.seconds(), e.mtime.nanoseconds()),
+                (e.dev, e.ino, e.mode, e.uid, e.gid, e.file_size),
+                (e.id, e.flags, e.flags_extended, e.path),
+            )
+        };
+        for (rel, body, mode) in files {
+            let abs = dir.path().join(rel);
+            fs::create_dir_all(abs.parent().unwrap()).unwrap();
+            fs::write(&abs, body).unwrap();
+            fs::set_permissions(&abs, fs::Permissions::from_mode(*mode)).unwrap();
+            let rel = Path::new(rel);
+            by_libgit2.add_path(rel).unwrap();
+            let meta = fs::symlink_metadata(&abs).unwrap();
+            let bytes = read_regular(&abs).unwrap();
+            raw.add_frombuffer(&raw_entry(rel, &meta), &bytes).unwrap();
+            assert_eq!(
+                fields(raw.get_path(rel, 0).unwrap()),
+                fields(by_libgit2.get_path(rel, 0).unwrap()),
+                "{}",
+                rel.display()
+            );
+        }
+    }
+
+    #[test]
+    fn what_is_no_longer_a_small_regular_file_is_not_read_raw() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        assert_eq!(read_regular(&file).as_deref(), Some(&b"x"[..]));
+        std::os::unix::fs::symlink(&file, dir.path().join("link")).unwrap();
+        assert_eq!(read_regular(&dir.path().join("link")), None);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.path().join("fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert_eq!(read_regular(&dir.path().join("fifo")), None);
+        fs::write(&file, vec![b'x'; RAW_MAX as usize + 1]).unwrap();
+        assert_eq!(read_regular(&file), None);
+        assert_eq!(read_regular(&dir.path().join("gone")), None);
     }
 }
