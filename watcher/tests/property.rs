@@ -532,39 +532,16 @@ fn prepare(repo: &Repo, upstream: &Path, step: &Setup) {
             lines,
             excludes_file,
         } => {
-            let text: String = lines.iter().map(|&i| format!("{}\n", RULES[i])).collect();
-            let path = if *excludes_file {
-                let path = root.parent().unwrap().join("excludes");
-                git_output(
-                    root,
-                    ["config", "core.excludesFile", path.to_str().unwrap()],
-                );
-                path
-            } else {
-                root.join(".git/info/exclude")
-            };
-            let _ = fs::create_dir_all(path.parent().unwrap()).and_then(|()| fs::write(path, text));
+            let file = excludes_file.then_some(("core.excludesFile", "excludes"));
+            write_outside_rules(root, RULES, lines, file, "exclude");
         }
         Setup::OutsideAttributes {
             lines,
             attributes_file,
         } => {
             git_output(root, ["config", "filter.upper.clean", "tr a-z A-Z"]);
-            let text: String = lines
-                .iter()
-                .map(|&i| format!("{}\n", ATTRIBUTES[i]))
-                .collect();
-            let path = if *attributes_file {
-                let path = root.parent().unwrap().join("attributes");
-                git_output(
-                    root,
-                    ["config", "core.attributesFile", path.to_str().unwrap()],
-                );
-                path
-            } else {
-                root.join(".git/info/attributes")
-            };
-            let _ = fs::create_dir_all(path.parent().unwrap()).and_then(|()| fs::write(path, text));
+            let file = attributes_file.then_some(("core.attributesFile", "attributes"));
+            write_outside_rules(root, ATTRIBUTES, lines, file, "attributes");
         }
         Setup::AutoCrlf => {
             git_output(root, ["config", "core.autocrlf", "true"]);
@@ -607,6 +584,27 @@ fn prepare(repo: &Repo, upstream: &Path, step: &Setup) {
             let _ = fs::remove_file(root.join(DIRS[*dir]).join(".gitattributes"));
         }
     }
+}
+
+/// These lines of `table` in a rules file outside the tree: `.git/info/<info_name>`, or, with
+/// `file` = `(key, name)`, a file `name` beside the repository that configuration `key` names.
+fn write_outside_rules(
+    root: &Path,
+    table: &[&str],
+    lines: &[usize],
+    file: Option<(&str, &str)>,
+    info_name: &str,
+) {
+    let text: String = lines.iter().map(|&i| format!("{}\n", table[i])).collect();
+    let path = match file {
+        Some((key, name)) => {
+            let path = root.parent().unwrap().join(name);
+            git_output(root, ["config", key, path.to_str().unwrap()]);
+            path
+        }
+        None => root.join(".git/info").join(info_name),
+    };
+    let _ = fs::create_dir_all(path.parent().unwrap()).and_then(|()| fs::write(path, text));
 }
 
 /// `(mode, id)` by path of a tree, recursively.

@@ -222,8 +222,8 @@ impl Filters {
 
 /// Whether an attributes file outside the tree may apply: libgit2's `attr_setup` reads the
 /// system one (`/etc/gitattributes`), `core.attributesFile` (by default `git/attributes` in
-/// the XDG configuration folder) and `info/attributes` in the git folder. Any doubt (no home
-/// to look in) counts as one.
+/// the XDG configuration folder) and `info/attributes` in the common git folder (a linked
+/// worktree's is its main repository's). Any doubt (no home to look in) counts as one.
 fn outside_tree_attributes(repo: &Repository) -> bool {
     let exists = |p: &Path| fs::symlink_metadata(p).is_ok();
     let configured = repo
@@ -239,7 +239,6 @@ fn outside_tree_attributes(repo: &Repository) -> bool {
         || xdg
         || home
         || exists(Path::new("/etc/gitattributes"))
-        || exists(&repo.path().join("info/attributes"))
         || exists(&repo.commondir().join("info/attributes"))
 }
 

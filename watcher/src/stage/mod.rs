@@ -907,7 +907,6 @@ fn changed_entries(
     }
 }
 
-/// A path the disk would not describe (permissions): its saved version stays.
 /// The entry `git_index_add_bypath` makes for the regular file `rel` from its lstat, where
 /// `core.fileMode` is on (its id and size are the bytes' `add_frombuffer` writes).
 fn raw_entry(rel: &Path, meta: &Metadata) -> IndexEntry {
@@ -968,6 +967,7 @@ mod tests {
     /// libgit2 is the oracle: for files of every permission class, empty ones and ones in
     /// folders, the entry `add_raw` inserts is the one `git_index_add_bypath` inserts, field by
     /// field.
+/// A path the disk would not describe (permissions): its saved version stays.
     #[test]
     fn a_raw_entry_is_the_one_add_bypath_makes() {
         let dir = tempfile::tempdir().unwrap();
