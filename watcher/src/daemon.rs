@@ -30,7 +30,7 @@ use crate::scan;
 use crate::stage::OwnIndex;
 use crate::status::State;
 use crate::status_book::{SaveOutcome, StatusBook, head_of, log_commit};
-use crate::watch::{self as watch_stage, TreeWatcher, WatchError};
+use crate::watch::{self as watch_stage, TreeWatcher, WalkAhead, WatchError};
 
 /// While a git lock exists or a git command runs in the repository, how often the watcher
 /// looks again (a process ending shows in no file event; the look is a read of `/proc`).
@@ -267,10 +267,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         config.event_buffer,
         own_index.clone(),
     )?;
+    let rules = watcher.rules().filter;
+    // One walk sets every watch and compares every kept file with the index: it starts now,
+    // on a thread of its own, while the save thread reads the index.
+    let walk = WalkAhead::start(Box::new(watcher)).map_err(|source| DaemonError::Io {
+        path: workdir.clone(),
+        source,
+    })?;
     let saver = SaveWorker::spawn(
         &workdir,
         &git_dir,
-        watcher.rules().filter,
+        rules,
         tracked_ignored_tx,
         config.max_file_size,
         own_index,
@@ -284,10 +291,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // When the index file is written: once the watcher has been quiet, or at the latest
     // `IndexWrite::cap` after the first save it lacks, however busy the project is.
     let mut index_write = IndexWrite::new(config.index_quiet, config.max_delay);
-    // One walk sets every watch and compares every kept file with the index. A failed first
-    // pass (a stale lock, a full disk, a read-only `.git`) is retried like any other save:
-    // exiting would only make the supervisor restart us into the same fault.
-    let (watcher, first) = saver.start(watcher).await?;
+    // A failed first pass (a stale lock, a full disk, a read-only `.git`) is retried like any
+    // other save: exiting would only make the supervisor restart us into the same fault.
+    let (watcher, first) = saver.start(walk).await?;
     let watched = watcher.watched_dirs();
     match book.record_save(first, &reader, pusher.as_ref().map(|p| &p.heads)) {
         SaveOutcome::Done { index_unwritten } => index_write.saved(index_unwritten),

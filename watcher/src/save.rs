@@ -15,6 +15,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use git2::Repository;
@@ -28,11 +29,11 @@ use crate::layout;
 use crate::lock::{self, LockError, RepoLock};
 use crate::manifest;
 use crate::retry::{self, Backoff};
-use crate::scan::{self, Dirs};
+use crate::scan::Listing;
 use crate::stage::{OwnIndex, StageError, Stager};
 use crate::status::SkippedFile;
 use crate::user_git::{self, GitProcess, Pause, RepoPlaces};
-use crate::watch::TreeWatcher;
+use crate::watch::{TreeWatcher, WalkAhead};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SaveError {
@@ -101,7 +102,7 @@ type Started = (Box<TreeWatcher>, Result<Saved, SaveError>);
 
 enum Job {
     /// The start-up pass: one walk for the watches and the first save.
-    Start(Box<TreeWatcher>, oneshot::Sender<Started>),
+    Start(WalkAhead, oneshot::Sender<Started>),
     Save(Changes, oneshot::Sender<Result<Saved, SaveError>>),
     WriteIndex(oneshot::Sender<Result<IndexOutcome, SaveError>>),
 }
@@ -122,28 +123,20 @@ impl Saver {
     fn save(
         &mut self,
         changes: &Changes,
-        walker: Option<&mut dyn Dirs>,
+        listings: Option<Receiver<Vec<Listing>>>,
     ) -> Result<Done, SaveError> {
-        self.guarded(|saver| saver.save_in_repository(changes, walker))
+        self.guarded(|saver| saver.save_in_repository(changes, listings))
     }
 
-    /// The start-up pass: a full save whose walk also sets every watch (a save that failed
-    /// before walking still leaves every watch set); the save stage keeps the rules it loaded.
-    fn start(&mut self, watcher: &mut TreeWatcher) -> Result<Saved, SaveError> {
-        let mut walker = watcher.start_walker();
-        let result = self.save(&Changes::everything(), Some(&mut walker));
-        if !walker.walked() {
-            scan::walk(
-                &self.workdir,
-                Path::new(""),
-                false,
-                &mut walker,
-                &mut scan::NoEntries,
-            );
-        }
-        walker.finish();
+    /// The start-up pass: a full save staged from the listings of the walk that sets every
+    /// watch on its own thread (a save that stops before staging leaves the walk to set the
+    /// watches alone); the save stage keeps the rules that walk loaded.
+    fn start(&mut self, walk: WalkAhead) -> Started {
+        let WalkAhead { listings, walking } = walk;
+        let result = self.save(&Changes::everything(), Some(listings));
+        let watcher = walking.finish();
         self.stager.set_rules(watcher.rules().filter);
-        result.map(|done| self.saved(done))
+        (watcher, result.map(|done| self.saved(done)))
     }
 
     fn saved(&self, done: Done) -> Saved {
@@ -217,7 +210,7 @@ impl Saver {
     fn save_in_repository(
         &mut self,
         changes: &Changes,
-        walker: Option<&mut dyn Dirs>,
+        listings: Option<Receiver<Vec<Listing>>>,
     ) -> Result<Done, SaveError> {
         let _lock = RepoLock::acquire(&self.git_dir)?;
         let gits = self.git_processes();
@@ -240,7 +233,7 @@ impl Saver {
             dir: self.workdir.clone(),
             source,
         };
-        let tree = match self.stager.stage(&self.repo, &changes, walker) {
+        let tree = match self.stager.stage(&self.repo, &changes, listings) {
             Ok(tree) => tree,
             Err(StageError::Unmerged { .. }) => return Ok(Done::Paused(Pause::Unmerged)),
             Err(e) => {
@@ -352,9 +345,8 @@ impl Saver {
     fn run(mut self, jobs: std::sync::mpsc::Receiver<Job>) {
         for job in jobs {
             match job {
-                Job::Start(mut watcher, reply) => {
-                    let result = self.start(&mut watcher);
-                    let _ = reply.send((watcher, result));
+                Job::Start(walk, reply) => {
+                    let _ = reply.send(self.start(walk));
                 }
                 Job::Save(changes, reply) => {
                     let result = self.save(&changes, None).map(|done| self.saved(done));
@@ -429,12 +421,12 @@ impl SaveWorker {
         Ok(Self { jobs })
     }
 
-    /// The start-up pass on the save thread: one walk sets `watcher`'s watches and compares
-    /// every kept file for the first save; the watcher comes back with its rules loaded.
-    pub async fn start(&self, watcher: TreeWatcher) -> Result<Started, SaveError> {
+    /// The start-up pass on the save thread: the first save staged from `walk`'s listings
+    /// while that walk sets every watch; the watcher comes back with its rules loaded.
+    pub async fn start(&self, walk: WalkAhead) -> Result<Started, SaveError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job::Start(Box::new(watcher), reply))
+            .send(Job::Start(walk, reply))
             .map_err(|_| died())?;
         answer.await.map_err(|_| died())
     }

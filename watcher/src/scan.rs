@@ -3,12 +3,14 @@
 //! first save), rescans, and new directories. Entry types come from what `readdir` returns
 //! (`d_type`); only files and symlinks get an `lstat`, for the stat data the index compares.
 
+use std::collections::HashSet;
 use std::fs::{self, FileType, Metadata};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
-use crate::filter::{Filter, RuleWarning};
+use crate::filter::{Filter, Listed, RuleWarning};
 
 /// What a kept non-directory entry is, as `git add -A` sees it.
 #[derive(Debug, Clone)]
@@ -72,14 +74,18 @@ fn is_git_dir(dir: &Path) -> bool {
         || (head.len() >= 40 && head.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// The directory side of a walk: the rules, and what is done with each directory before it
-/// is read (the watch stage watches it and loads its `.gitignore` there).
+/// The directory side of a walk: the rules, what is done with each directory before it is
+/// read (the watch stage watches it), and its `.gitignore` loaded once it is read.
 pub trait Dirs {
     fn rules(&self) -> &Filter;
 
     /// A directory about to be read, or (`git_dir`) a nested repository's `.git`, which is
     /// never read: a commit inside it shows only there.
     fn enter(&mut self, dir: &Path, git_dir: bool);
+
+    /// `dir` was read (or could not be): its rules, as its listing names a `.gitignore`, are
+    /// loaded before its entries are judged.
+    fn load_rules(&mut self, dir: &Path, gitignore: Listed);
 
     /// Whether the walk also goes where only watches are needed: into nested repositories and
     /// gitlinks, and into ignored directories that hold a tracked path.
@@ -105,10 +111,13 @@ impl Dirs for Fresh {
         &self.0
     }
 
-    fn enter(&mut self, dir: &Path, git_dir: bool) {
-        if !git_dir {
-            Arc::make_mut(&mut self.0).load_dir(dir);
+    fn enter(&mut self, _dir: &Path, _git_dir: bool) {}
+
+    fn load_rules(&mut self, dir: &Path, gitignore: Listed) {
+        if gitignore == Listed::Absent && !self.0.has_rules(dir) {
+            return;
         }
+        Arc::make_mut(&mut self.0).load_listed(dir, gitignore);
     }
 }
 
@@ -124,10 +133,11 @@ impl Dirs for LoadRules<'_> {
         self.filter
     }
 
-    fn enter(&mut self, dir: &Path, git_dir: bool) {
-        if !git_dir {
-            self.warnings.extend(self.filter.load_dir(dir));
-        }
+    fn enter(&mut self, _dir: &Path, _git_dir: bool) {}
+
+    fn load_rules(&mut self, dir: &Path, gitignore: Listed) {
+        self.warnings
+            .extend(self.filter.load_listed(dir, gitignore));
     }
 
     fn watching(&self) -> bool {
@@ -163,9 +173,9 @@ impl Entries for NoEntries {
 /// One top-down walk from `start` (itself included) that serves both sides: every directory
 /// `dirs` needs is entered (and `dirs.enter` sees it before it is read, so its `.gitignore`
 /// applies to its children), and when `staged`, every kept entry below `start` goes to
-/// `entries`. Start-up walks once for both (every watch set and the first save's stat pass);
-/// later walks are for one side. Entries are handed over as they are found: nothing per file
-/// is kept.
+/// `entries`. Later walks are for one side; the start-up pass splits the two sides over two
+/// threads instead ([`walk_listings`], [`stage_listings`]). Entries are handed over one
+/// directory at a time: nothing per file is kept past its directory.
 ///
 /// An ignored directory is entered (for the watches) only for the tracked paths it holds;
 /// whatever else is below it stays ignored, whatever its own name. Nested repositories are
@@ -181,59 +191,205 @@ where
     let start_ignored = !start.as_os_str().is_empty() && !dirs.rules().is_kept(start, true);
     let mut stack = vec![(start.to_owned(), start_ignored, staged && !start_ignored)];
     while let Some((dir, inside_ignored, staged)) = stack.pop() {
-        dirs.enter(&dir, false);
-        let Some(listing) = read_dir(workdir, &dir) else {
+        let Some(judged) = read_judged(workdir, &dir, inside_ignored, staged, dirs) else {
             if staged {
                 entries.unreadable(dir);
             }
             continue;
         };
-        // A nested repository's `.git` is entered after the listing, which is judged by the
-        // rules of `dir` looked up once.
-        let mut git_dirs = Vec::new();
-        let mut rules = dirs.rules().dir_rules(&dir);
-        for (rel, file_type, entry) in listing {
-            let Some(name) = rel.file_name() else {
-                continue;
-            };
-            if file_type.is_dir() {
-                if !dir.as_os_str().is_empty() && name == ".git" {
-                    if watching {
-                        git_dirs.push(rel);
-                    }
-                    continue;
-                }
-                let ignored = inside_ignored || rules.is_ignored(name, true);
-                let mut stage_it = false;
-                if staged && !ignored {
-                    match entries.in_index(&rel) {
-                        DirInIndex::Gitlink => entries.found(rel.clone(), EntryKind::Gitlink),
-                        DirInIndex::Untracked if is_nested_repo(&workdir.join(&rel)) => {
-                            if !dirs.rules().outside_sparse(&rel, true) {
-                                entries.found(rel.clone(), EntryKind::NestedRepo);
-                            }
-                        }
-                        DirInIndex::Tracked | DirInIndex::Untracked => stage_it = true,
-                    }
-                }
-                let watch_it = watching && (!ignored || dirs.holds_tracked_ignored(&rel));
-                if stage_it || watch_it {
-                    stack.push((rel, ignored, stage_it));
-                }
-            } else if staged && (file_type.is_file() || file_type.is_symlink()) {
-                // Tracked files outside a sparse checkout are refreshed from the index.
-                if !rules.is_ignored(name, false)
-                    && !dirs.rules().outside_sparse(&rel, false)
-                    && let Ok(meta) = entry.metadata()
-                {
-                    entries.found(rel, EntryKind::File(meta));
+        for (rel, ignored) in judged.dirs {
+            let stage_it = staged && !ignored && stage_dir(workdir, &rel, dirs.rules(), entries);
+            let watch_it = watching && (!ignored || dirs.holds_tracked_ignored(&rel));
+            if stage_it || watch_it {
+                stack.push((rel, ignored, stage_it));
+            }
+        }
+        for (rel, meta) in judged.files {
+            entries.found(rel, EntryKind::File(meta));
+        }
+    }
+}
+
+/// One directory as the start-up walk read it, for the stage on the other thread.
+pub struct Listing {
+    dir: PathBuf,
+    /// `None`: it could not be read.
+    judged: Option<Judged>,
+}
+
+/// How many listings go to the stage at once: each send may wake its thread, which mostly
+/// waits for the walk.
+const LISTINGS_SENT_TOGETHER: usize = 32;
+
+/// How many directories' listings the start-up walk may read ahead of the stage comparing
+/// them (the stage reads the index meanwhile); past it the walk waits, its memory bounded.
+const LISTINGS_AHEAD: usize = 4096;
+
+/// The channel from [`walk_listings`] to [`stage_listings`].
+pub fn listings_channel() -> (SyncSender<Vec<Listing>>, Receiver<Vec<Listing>>) {
+    sync_channel(LISTINGS_AHEAD / LISTINGS_SENT_TOGETHER)
+}
+
+/// The walk of the start-up pass, on a thread of its own: every directory `dirs` needs is
+/// entered (watched) before it is read, and each listing goes to `listings` as it is read,
+/// its entries judged by its rules and its kept files `lstat`ed, for [`stage_listings`] to
+/// compare with the index on the save thread meanwhile (which reads the index first: the
+/// two overlap). Whether a directory is staged depends on the index, which only the other
+/// side has: a directory entered for the watches alone (a gitlink, a nested repository) is
+/// listed as any other and dropped there. Once nobody receives, the walk goes on for the
+/// watches alone.
+pub fn walk_listings<D: Dirs + ?Sized>(
+    workdir: &Path,
+    dirs: &mut D,
+    listings: &SyncSender<Vec<Listing>>,
+) {
+    let mut sending = true;
+    let mut batch = Vec::with_capacity(LISTINGS_SENT_TOGETHER);
+    let mut stack = vec![(PathBuf::new(), false)];
+    while let Some((dir, inside_ignored)) = stack.pop() {
+        let judged = read_judged(
+            workdir,
+            &dir,
+            inside_ignored,
+            sending && !inside_ignored,
+            dirs,
+        );
+        if let Some(judged) = &judged {
+            for (rel, ignored) in &judged.dirs {
+                if !ignored || dirs.holds_tracked_ignored(rel) {
+                    stack.push((rel.clone(), *ignored));
                 }
             }
         }
-        drop(rules);
-        for git_dir in git_dirs {
-            dirs.enter(&git_dir, true);
+        if sending {
+            batch.push(Listing { dir, judged });
+            if batch.len() == LISTINGS_SENT_TOGETHER || stack.is_empty() {
+                let full =
+                    std::mem::replace(&mut batch, Vec::with_capacity(LISTINGS_SENT_TOGETHER));
+                sending = listings.send(full).is_ok();
+            }
         }
+    }
+}
+
+/// The stage's side of the start-up walk: the listings [`walk_listings`] sends, in the order
+/// it read them (a directory before its subdirectories), judged against the index as
+/// [`walk`] judges its own with `staged` from the top: a subdirectory is staged unless it is
+/// ignored, a gitlink or a nested repository (`rules` says which are outside the sparse
+/// checkout); the listings of directories not staged are dropped.
+pub fn stage_listings<E: Entries + ?Sized>(
+    workdir: &Path,
+    listings: Receiver<Vec<Listing>>,
+    rules: &Filter,
+    entries: &mut E,
+) {
+    let mut staged: HashSet<PathBuf> = HashSet::from([PathBuf::new()]);
+    for Listing { dir, judged } in listings.into_iter().flatten() {
+        if !staged.remove(&dir) {
+            continue;
+        }
+        let Some(judged) = judged else {
+            entries.unreadable(dir);
+            continue;
+        };
+        for (rel, ignored) in judged.dirs {
+            if !ignored && stage_dir(workdir, &rel, rules, entries) {
+                staged.insert(rel);
+            }
+        }
+        for (rel, meta) in judged.files {
+            entries.found(rel, EntryKind::File(meta));
+        }
+    }
+}
+
+/// A directory's listing judged by its rules: its subdirectories (each with whether it is
+/// ignored; a nested repository's `.git` is entered for the watches, not listed) and, when
+/// `files`, its kept files and symlinks with their `lstat` (tracked files outside a sparse
+/// checkout are refreshed from the index, not here).
+struct Judged {
+    dirs: Vec<(PathBuf, bool)>,
+    files: Vec<(PathBuf, Metadata)>,
+}
+
+/// Enters `dir` (`dirs.enter`: the watch before the read), reads it, loads its rules and
+/// judges its entries; `None` when it cannot be read.
+fn read_judged<D: Dirs + ?Sized>(
+    workdir: &Path,
+    dir: &Path,
+    inside_ignored: bool,
+    files: bool,
+    dirs: &mut D,
+) -> Option<Judged> {
+    dirs.enter(dir, false);
+    let listing = read_dir(workdir, dir);
+    let gitignore = match &listing {
+        Some(entries) if !entries.iter().any(|(rel, ..)| rel.ends_with(".gitignore")) => {
+            Listed::Absent
+        }
+        _ => Listed::Named,
+    };
+    dirs.load_rules(dir, gitignore);
+    let listing = listing?;
+    let watching = dirs.watching();
+    let mut judged = Judged {
+        dirs: Vec::new(),
+        files: Vec::new(),
+    };
+    // A nested repository's `.git` is entered after the listing, which is judged by the
+    // rules of `dir` looked up once.
+    let mut git_dirs = Vec::new();
+    let mut rules = dirs.rules().dir_rules(dir);
+    for (rel, file_type, entry) in listing {
+        let Some(name) = rel.file_name() else {
+            continue;
+        };
+        if file_type.is_dir() {
+            if !dir.as_os_str().is_empty() && name == ".git" {
+                if watching {
+                    git_dirs.push(rel);
+                }
+                continue;
+            }
+            let ignored = inside_ignored || rules.is_ignored(name, true);
+            judged.dirs.push((rel, ignored));
+        } else if files
+            && (file_type.is_file() || file_type.is_symlink())
+            && !rules.is_ignored(name, false)
+            && !dirs.rules().outside_sparse(&rel, false)
+            && let Ok(meta) = entry.metadata()
+        {
+            judged.files.push((rel, meta));
+        }
+    }
+    drop(rules);
+    for git_dir in git_dirs {
+        dirs.enter(&git_dir, true);
+    }
+    Some(judged)
+}
+
+/// Whether the kept directory `rel` of a staged directory is walked for the stage: not a
+/// gitlink (handed over as one) nor, where the index holds nothing under it, a repository of
+/// its own (handed over as a new gitlink unless outside the sparse checkout).
+fn stage_dir<E: Entries + ?Sized>(
+    workdir: &Path,
+    rel: &Path,
+    rules: &Filter,
+    entries: &mut E,
+) -> bool {
+    match entries.in_index(rel) {
+        DirInIndex::Gitlink => {
+            entries.found(rel.to_owned(), EntryKind::Gitlink);
+            false
+        }
+        DirInIndex::Untracked if is_nested_repo(&workdir.join(rel)) => {
+            if !rules.outside_sparse(rel, true) {
+                entries.found(rel.to_owned(), EntryKind::NestedRepo);
+            }
+            false
+        }
+        DirInIndex::Tracked | DirInIndex::Untracked => true,
     }
 }
 
@@ -265,6 +421,7 @@ fn read_dir(workdir: &Path, dir: &Path) -> Option<Vec<(PathBuf, FileType, fs::Di
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
     use std::os::unix::fs::symlink;
 
     /// Records what a staged walk hands over.
@@ -313,6 +470,10 @@ mod tests {
             }
         }
 
+        fn load_rules(&mut self, dir: &Path, gitignore: Listed) {
+            self.filter.load_listed(dir, gitignore);
+        }
+
         fn watching(&self) -> bool {
             true
         }
@@ -340,6 +501,196 @@ mod tests {
         // What was saved under it stands until the events of the swap are staged.
         assert_eq!(seen.unreadable, [PathBuf::from(replaced)]);
         assert_eq!(dirs.entered.len(), 3, "{:?}", dirs.entered);
+    }
+
+    /// Everything a staged walk hands over, by kind, in order.
+    struct Recorded {
+        gitlinks: BTreeSet<PathBuf>,
+        tracked: BTreeSet<PathBuf>,
+        found: Vec<(PathBuf, &'static str)>,
+        unreadable: Vec<PathBuf>,
+    }
+
+    impl Recorded {
+        fn new(gitlinks: &[&str], tracked: &[&str]) -> Self {
+            Self {
+                gitlinks: gitlinks.iter().map(PathBuf::from).collect(),
+                tracked: tracked.iter().map(PathBuf::from).collect(),
+                found: Vec::new(),
+                unreadable: Vec::new(),
+            }
+        }
+
+        fn sorted(mut self) -> (Vec<(PathBuf, &'static str)>, Vec<PathBuf>) {
+            self.found.sort();
+            self.unreadable.sort();
+            (self.found, self.unreadable)
+        }
+    }
+
+    impl Entries for Recorded {
+        fn in_index(&self, dir: &Path) -> DirInIndex {
+            if self.gitlinks.contains(dir) {
+                DirInIndex::Gitlink
+            } else if self.tracked.contains(dir) {
+                DirInIndex::Tracked
+            } else {
+                DirInIndex::Untracked
+            }
+        }
+
+        fn found(&mut self, rel: PathBuf, kind: EntryKind) {
+            let kind = match kind {
+                EntryKind::File(_) => "file",
+                EntryKind::NestedRepo => "nested repository",
+                EntryKind::Gitlink => "gitlink",
+            };
+            self.found.push((rel, kind));
+        }
+
+        fn unreadable(&mut self, dir: PathBuf) {
+            self.unreadable.push(dir);
+        }
+    }
+
+    /// The start-up pass's two sides on two threads: the watch side's walk and its listings
+    /// staged on this thread.
+    fn staged_from_listings<D: Dirs + Send>(
+        workdir: &Path,
+        mut dirs: D,
+        mut entries: Recorded,
+    ) -> (Recorded, D) {
+        let (sender, listings) = listings_channel();
+        let walking = std::thread::scope(|scope| {
+            let walking = scope.spawn(|| {
+                walk_listings(workdir, &mut dirs, &sender);
+                drop(sender);
+            });
+            let (rules, _) = Filter::new(workdir, &workdir.join(".git"), None, false);
+            stage_listings(workdir, listings, &rules, &mut entries);
+            walking.join()
+        });
+        walking.unwrap();
+        (entries, dirs)
+    }
+
+    fn make_repo(dir: &Path) {
+        for sub in ["objects", "refs"] {
+            fs::create_dir_all(dir.join(".git").join(sub)).unwrap();
+        }
+        fs::write(dir.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    }
+
+    /// Every kind of directory a staged walk decides on: kept, ignored (by a nested
+    /// `.gitignore`, one that re-includes a file, one that is a symbolic link), a gitlink, a
+    /// repository of its own with nothing tracked (a new gitlink) and one with tracked paths
+    /// (entered), deep enough that the listings go over the channel in several sends.
+    #[test]
+    fn the_start_up_passs_two_threads_hand_the_stage_what_one_walk_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let workdir = tmp.path().join("w");
+        let write = |rel: &str, text: &str| {
+            let path = workdir.join(rel);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        };
+        write(".gitignore", "*.log\n");
+        write("top.txt", "t");
+        write("a/.gitignore", "ign/\n!keep.log\n");
+        for file in [
+            "a/f.txt",
+            "a/x.log",
+            "a/keep.log",
+            "a/ign/f.txt",
+            "a/b/c/deep.txt",
+        ] {
+            write(file, file);
+        }
+        write("links/target/.gitignore", "*.txt\n");
+        symlink("target/.gitignore", workdir.join("links/.gitignore")).unwrap();
+        write("links/kept.txt", "kept: its .gitignore is a symbolic link");
+        write("module/inside.txt", "a gitlink's files are not the stage's");
+        write("nested/inner.txt", "a new gitlink");
+        make_repo(&workdir.join("nested"));
+        write("tracked/t.txt", "tracked below a repository of its own");
+        make_repo(&workdir.join("tracked"));
+        for i in 0..3 * LISTINGS_SENT_TOGETHER {
+            write(&format!("many/d{i}/f.txt"), "x");
+        }
+        symlink("a", workdir.join("link")).unwrap();
+        let gitlinks = ["module"];
+        let tracked = ["tracked", "a", "many"];
+
+        let (mut filter, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
+        let mut load = LoadRules {
+            filter: &mut filter,
+            warnings: Vec::new(),
+        };
+        let mut one = Recorded::new(&gitlinks, &tracked);
+        walk(&workdir, Path::new(""), true, &mut load, &mut one);
+        let one_warnings = load.warnings.len();
+
+        let (mut filter, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
+        let load = LoadRules {
+            filter: &mut filter,
+            warnings: Vec::new(),
+        };
+        let (two, load) = staged_from_listings(&workdir, load, Recorded::new(&gitlinks, &tracked));
+        assert_eq!(load.warnings.len(), one_warnings);
+        assert_eq!(one_warnings, 1, "the symbolic link .gitignore is named");
+
+        let (one, two) = (one.sorted(), two.sorted());
+        assert_eq!(two, one);
+        let (many, found): (Vec<_>, Vec<_>) =
+            one.0.iter().partition(|(p, _)| p.starts_with("many"));
+        assert_eq!(many.len(), 3 * LISTINGS_SENT_TOGETHER);
+        let found: Vec<(&str, &str)> = found
+            .iter()
+            .map(|(p, k)| (p.to_str().unwrap(), *k))
+            .collect();
+        let file = |p| (p, "file");
+        assert_eq!(
+            found,
+            [
+                file(".gitignore"),
+                file("a/.gitignore"),
+                file("a/b/c/deep.txt"),
+                file("a/f.txt"),
+                file("a/keep.log"),
+                file("link"),
+                file("links/.gitignore"),
+                file("links/kept.txt"),
+                file("links/target/.gitignore"),
+                ("module", "gitlink"),
+                ("nested", "nested repository"),
+                file("top.txt"),
+                file("tracked/t.txt"),
+            ]
+        );
+    }
+
+    /// A directory replaced by a file after its parent was listed and before it is read is
+    /// unreadable to the stage on the other thread too, not gone.
+    #[test]
+    fn a_directory_replaced_mid_walk_is_unreadable_to_the_stage_on_the_other_thread() {
+        let tmp = tempfile::tempdir().unwrap();
+        let workdir = tmp.path().to_owned();
+        for dir in ["a", "b"] {
+            fs::create_dir_all(workdir.join(dir)).unwrap();
+            fs::write(workdir.join(dir).join("inside.txt"), dir).unwrap();
+        }
+        let (mut filter, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
+        let dirs = Replacing {
+            filter: &mut filter,
+            workdir: workdir.clone(),
+            entered: Vec::new(),
+        };
+        let (seen, dirs) = staged_from_listings(&workdir, dirs, Recorded::new(&[], &[]));
+        let first = dirs.entered[1].clone();
+        let replaced = if first == Path::new("a") { "b" } else { "a" };
+        let (found, unreadable) = seen.sorted();
+        assert_eq!(found, [(first.join("inside.txt"), "file")]);
+        assert_eq!(unreadable, [PathBuf::from(replaced)]);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
@@ -33,7 +34,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::changes::Changes;
-use crate::filter::{ENV_FILE, Filter, RuleWarning, Rules, RulesFile, TrackedIgnored};
+use crate::filter::{ENV_FILE, Filter, Listed, RuleWarning, Rules, RulesFile, TrackedIgnored};
 use crate::scan;
 use crate::stage::OwnIndex;
 
@@ -515,7 +516,6 @@ impl TreeWatcher {
             start: dir.to_owned(),
             again,
             kept: HashSet::new(),
-            entered: false,
             state: WalkState {
                 report_added,
                 added: Vec::new(),
@@ -689,8 +689,51 @@ struct WalkState {
     limit_hit: Option<PathBuf>,
 }
 
-/// The watch stage's side of a walk ([`scan::Dirs`]): each directory is watched and its
-/// `.gitignore` loaded before it is read.
+/// The start-up walk on a thread of its own ([`scan::walk_listings`]): it watches every
+/// directory and loads the rules on the way down, sending each listing to the save thread,
+/// which reads the index meanwhile and then compares the listings with it
+/// ([`scan::stage_listings`]). Every watch is set whatever the save does with the listings.
+pub struct WalkAhead {
+    /// Each directory's listing, as the walk reads it.
+    pub listings: Receiver<Vec<scan::Listing>>,
+    /// The walk itself.
+    pub walking: Walking,
+}
+
+/// The start-up walk under way, holding the watcher.
+pub struct Walking(std::thread::JoinHandle<Box<TreeWatcher>>);
+
+impl WalkAhead {
+    /// Starts the walk with `watcher`, which comes back from [`Walking::finish`].
+    pub fn start(mut watcher: Box<TreeWatcher>) -> io::Result<Self> {
+        let (sender, listings) = scan::listings_channel();
+        let walking = std::thread::Builder::new()
+            .name("project-watcher walk".to_owned())
+            .spawn(move || {
+                let workdir = watcher.workdir.clone();
+                let mut walker = watcher.start_walker();
+                scan::walk_listings(&workdir, &mut walker, &sender);
+                walker.finish();
+                watcher
+            })?;
+        Ok(Self {
+            listings,
+            walking: Walking(walking),
+        })
+    }
+}
+
+impl Walking {
+    /// Waits for the walk to end (every watch set) and returns the watcher, its rules loaded.
+    pub fn finish(self) -> Box<TreeWatcher> {
+        self.0
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+}
+
+/// The watch stage's side of a walk ([`scan::Dirs`]): each directory is watched before it is
+/// read, and its `.gitignore` loaded once it is.
 pub struct Walker<'a> {
     watcher: &'a mut TreeWatcher,
     start: PathBuf,
@@ -698,8 +741,6 @@ pub struct Walker<'a> {
     /// Directories the walk entered (and nested repositories' `.git`) that are watched or
     /// wait for a watch, by the name the stage keeps (no copy of the path).
     kept: HashSet<Arc<Path>>,
-    /// Whether the walk entered a directory.
-    entered: bool,
     state: WalkState,
     warnings: Vec<RuleWarning>,
 }
@@ -709,16 +750,16 @@ impl scan::Dirs for Walker<'_> {
         &self.watcher.rules.filter
     }
 
-    fn enter(&mut self, dir: &Path, git_dir: bool) {
-        self.entered = true;
+    fn enter(&mut self, dir: &Path, _git_dir: bool) {
         if let Some(name) = self.watcher.watch_dir(dir, self.again, &mut self.state) {
             self.kept.insert(name);
         }
-        if !git_dir {
-            // `walker` made the rules this stage's own for the walk: no copy here.
-            let filter = Arc::make_mut(&mut self.watcher.rules.filter);
-            self.warnings.extend(filter.load_dir(dir));
-        }
+    }
+
+    fn load_rules(&mut self, dir: &Path, gitignore: Listed) {
+        // `walker` made the rules this stage's own for the walk: no copy here.
+        let filter = Arc::make_mut(&mut self.watcher.rules.filter);
+        self.warnings.extend(filter.load_listed(dir, gitignore));
     }
 
     fn watching(&self) -> bool {
@@ -731,11 +772,6 @@ impl scan::Dirs for Walker<'_> {
 }
 
 impl Walker<'_> {
-    /// Whether the walk entered its first directory (a save that failed before walking did not).
-    pub fn walked(&self) -> bool {
-        self.entered
-    }
-
     /// Drops the watches of directories under the walk's start that it no longer found kept,
     /// and reports what the walk met. Returns the directories that got a watch they did not
     /// have.

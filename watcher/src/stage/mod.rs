@@ -42,13 +42,14 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::Receiver;
 
 use git2::{Index, IndexEntry, Oid, Repository};
 use tokio::sync::watch;
 
 use crate::changes::Changes;
 use crate::filter::{self, Filter, TrackedIgnored};
-use crate::scan::{self, DirInIndex, Dirs, Entries, EntryKind};
+use crate::scan::{self, DirInIndex, Dirs, Entries, EntryKind, Listing};
 use crate::sparse;
 use content::{Filters, Store};
 use decide::{Action, GITLINK_MODE, Held, OnDisk, Via, is_frozen, is_intent_to_add};
@@ -172,15 +173,15 @@ impl Stager {
     }
 
     /// Applies `changes` to the in-memory index and returns the tree it describes, judging
-    /// paths by the batch's rules (else the latest batch's). With `walker`, subtrees are walked
-    /// with it instead (the start-up pass: it watches each directory and loads its rules on the
-    /// way down). The index file is not written ([`Stager::write_index`] does). Call it with the
-    /// repo lock held.
+    /// paths by the batch's rules (else the latest batch's). With `listings`, the whole tree
+    /// is staged from them instead of a walk of its own (the start-up pass: another thread
+    /// walks, watching each directory and loading its rules on the way down). The index file
+    /// is not written ([`Stager::write_index`] does). Call it with the repo lock held.
     pub fn stage(
         &mut self,
         repo: &Repository,
         changes: &Changes,
-        walker: Option<&mut dyn Dirs>,
+        listings: Option<Receiver<Vec<Listing>>>,
     ) -> Result<Oid, StageError> {
         let again = self.read_if_written_elsewhere()?;
         if self.index.has_conflicts() {
@@ -198,10 +199,8 @@ impl Stager {
             self.rules = Arc::clone(&rules.filter);
         }
         let mut fresh = scan::Fresh(Arc::clone(&self.rules));
-        let dirs: &mut dyn Dirs = match walker {
-            Some(walker) => walker,
-            None => &mut fresh,
-        };
+        let dirs: &mut dyn Dirs = &mut fresh;
+        let mut listings = listings;
         let (subtrees, paths) = changes.minimal();
         self.remove_gone_attributes(
             &subtrees,
@@ -211,7 +210,12 @@ impl Stager {
                 .chain(again.iter().map(PathBuf::as_path)),
         );
         for dir in subtrees {
-            self.stage_subtree(dir, dirs);
+            let listed = if dir.as_os_str().is_empty() {
+                listings.take()
+            } else {
+                None
+            };
+            self.stage_subtree(dir, dirs, listed);
         }
         for path in paths.into_iter().chain(again.iter().map(PathBuf::as_path)) {
             self.stage_path(path, dirs);
@@ -342,7 +346,7 @@ impl Stager {
             Action::Leave => return,
             Action::KeepSaved => return warn_unreadable(rel, &lstat),
             Action::Gitlink => return self.stage_gitlink(rel),
-            Action::Walk => return self.stage_subtree(rel, dirs),
+            Action::Walk => return self.stage_subtree(rel, dirs, None),
             Action::Add => self.add_file(rel, lstat.as_ref().expect("a file"), false),
             Action::Remove => self.remove(rel),
         }
@@ -385,7 +389,14 @@ impl Stager {
 
     /// Makes the index under `dir` what `git add -A` makes it: kept entries added or updated,
     /// tracked ones refreshed (ignored or not), the rest removed.
-    fn stage_subtree(&mut self, dir: &Path, dirs: &mut dyn Dirs) {
+    /// Stages everything at or below `dir` from a walk of its own, or for the top, from
+    /// `listings` when given.
+    fn stage_subtree(
+        &mut self,
+        dir: &Path,
+        dirs: &mut dyn Dirs,
+        listings: Option<Receiver<Vec<Listing>>>,
+    ) {
         let top = dir.as_os_str().is_empty();
         if !top {
             if let Some(repo) = self.enclosing_repo(dir) {
@@ -413,12 +424,16 @@ impl Stager {
             }
         }
         let workdir = self.workdir.clone();
+        let rules = Arc::clone(&self.rules);
         let mut found = Found {
             stager: self,
             kept: Reached::default(),
             unreadable: Vec::new(),
         };
-        scan::walk(&workdir, dir, true, dirs, &mut found);
+        match listings {
+            Some(listings) => scan::stage_listings(&workdir, listings, &rules, &mut found),
+            None => scan::walk(&workdir, dir, true, dirs, &mut found),
+        }
         let Found {
             mut kept,
             unreadable,
@@ -952,6 +967,7 @@ fn read_regular(abs: &Path) -> Option<Vec<u8>> {
     (bytes.len() as u64 <= RAW_MAX).then_some(bytes)
 }
 
+/// A path the disk would not describe (permissions): its saved version stays.
 fn warn_unreadable(rel: &Path, lstat: &std::io::Result<Metadata>) {
     if let Err(e) = lstat {
         tracing::warn!(path = %rel.display(), "cannot inspect, the saved version is kept: {e}");
@@ -967,7 +983,6 @@ mod tests {
     /// libgit2 is the oracle: for files of every permission class, empty ones and ones in
     /// folders, the entry `add_raw` inserts is the one `git_index_add_bypath` inserts, field by
     /// field.
-/// A path the disk would not describe (permissions): its saved version stays.
     #[test]
     fn a_raw_entry_is_the_one_add_bypath_makes() {
         let dir = tempfile::tempdir().unwrap();
