@@ -270,10 +270,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let rules = watcher.rules().filter;
     // One walk sets every watch and compares every kept file with the index: it starts now,
     // on a thread of its own, while the save thread reads the index.
-    let walk = WalkAhead::start(Box::new(watcher)).map_err(|source| DaemonError::Io {
-        path: workdir.clone(),
-        source,
-    })?;
+    let walk = WalkAhead::start(Box::new(watcher));
     let saver = SaveWorker::spawn(
         &workdir,
         &git_dir,
