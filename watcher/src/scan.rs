@@ -479,14 +479,20 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_directory_replaced_by_a_file_mid_walk_is_unreadable_not_gone() {
+    /// A working tree of two directories, `a` and `b`, each holding one file.
+    fn two_dirs() -> (tempfile::TempDir, PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let workdir = tmp.path().to_owned();
         for dir in ["a", "b"] {
             fs::create_dir_all(workdir.join(dir)).unwrap();
             fs::write(workdir.join(dir).join("inside.txt"), dir).unwrap();
         }
+        (tmp, workdir)
+    }
+
+    #[test]
+    fn a_directory_replaced_by_a_file_mid_walk_is_unreadable_not_gone() {
+        let (_tmp, workdir) = two_dirs();
         let (mut filter, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
         let mut dirs = Replacing {
             filter: &mut filter,
@@ -673,12 +679,7 @@ mod tests {
     /// unreadable to the stage on the other thread too, not gone.
     #[test]
     fn a_directory_replaced_mid_walk_is_unreadable_to_the_stage_on_the_other_thread() {
-        let tmp = tempfile::tempdir().unwrap();
-        let workdir = tmp.path().to_owned();
-        for dir in ["a", "b"] {
-            fs::create_dir_all(workdir.join(dir)).unwrap();
-            fs::write(workdir.join(dir).join("inside.txt"), dir).unwrap();
-        }
+        let (_tmp, workdir) = two_dirs();
         let (mut filter, _) = Filter::new(&workdir, &workdir.join(".git"), None, false);
         let dirs = Replacing {
             filter: &mut filter,
