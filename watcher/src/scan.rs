@@ -79,9 +79,9 @@ fn is_git_dir(dir: &Path) -> bool {
 pub trait Dirs {
     fn rules(&self) -> &Filter;
 
-    /// A directory about to be read, or (`git_dir`) a nested repository's `.git`, which is
-    /// never read: a commit inside it shows only there.
-    fn enter(&mut self, dir: &Path, git_dir: bool);
+    /// A directory about to be read, or a nested repository's `.git`, which is never read (a
+    /// commit inside it shows only there): the watch stage watches it; nothing by default.
+    fn enter(&mut self, _dir: &Path) {}
 
     /// `dir` was read (or could not be): its rules, as its listing names a `.gitignore`, are
     /// loaded before its entries are judged.
@@ -111,8 +111,6 @@ impl Dirs for Fresh {
         &self.0
     }
 
-    fn enter(&mut self, _dir: &Path, _git_dir: bool) {}
-
     fn load_rules(&mut self, dir: &Path, gitignore: Listed) {
         if gitignore == Listed::Absent && !self.0.has_rules(dir) {
             return;
@@ -132,8 +130,6 @@ impl Dirs for LoadRules<'_> {
     fn rules(&self) -> &Filter {
         self.filter
     }
-
-    fn enter(&mut self, _dir: &Path, _git_dir: bool) {}
 
     fn load_rules(&mut self, dir: &Path, gitignore: Listed) {
         self.warnings
@@ -321,7 +317,7 @@ fn read_judged<D: Dirs + ?Sized>(
     files: bool,
     dirs: &mut D,
 ) -> Option<Judged> {
-    dirs.enter(dir, false);
+    dirs.enter(dir);
     let listing = read_dir(workdir, dir);
     let gitignore = match &listing {
         Some(entries) if !entries.iter().any(|(rel, ..)| rel.ends_with(".gitignore")) => {
@@ -364,7 +360,7 @@ fn read_judged<D: Dirs + ?Sized>(
     }
     drop(rules);
     for git_dir in git_dirs {
-        dirs.enter(&git_dir, true);
+        dirs.enter(&git_dir);
     }
     Some(judged)
 }
@@ -460,7 +456,7 @@ mod tests {
             self.filter
         }
 
-        fn enter(&mut self, dir: &Path, _git_dir: bool) {
+        fn enter(&mut self, dir: &Path) {
             self.entered.push(dir.to_owned());
             if self.entered.len() == 2 {
                 let other = if dir == Path::new("a") { "b" } else { "a" };

@@ -778,7 +778,7 @@ impl scan::Dirs for Walker<'_> {
         &self.watcher.rules.filter
     }
 
-    fn enter(&mut self, dir: &Path, _git_dir: bool) {
+    fn enter(&mut self, dir: &Path) {
         if let Some(name) = self.watcher.watch_dir(dir, self.again, &mut self.state) {
             self.kept.insert(name);
         }

@@ -181,7 +181,7 @@ impl Stager {
         &mut self,
         repo: &Repository,
         changes: &Changes,
-        listings: Option<Receiver<Vec<Listing>>>,
+        mut listings: Option<Receiver<Vec<Listing>>>,
     ) -> Result<Oid, StageError> {
         let again = self.read_if_written_elsewhere()?;
         if self.index.has_conflicts() {
@@ -200,7 +200,6 @@ impl Stager {
         }
         let mut fresh = scan::Fresh(Arc::clone(&self.rules));
         let dirs: &mut dyn Dirs = &mut fresh;
-        let mut listings = listings;
         let (subtrees, paths) = changes.minimal();
         self.remove_gone_attributes(
             &subtrees,
@@ -388,9 +387,8 @@ impl Stager {
     }
 
     /// Makes the index under `dir` what `git add -A` makes it: kept entries added or updated,
-    /// tracked ones refreshed (ignored or not), the rest removed.
-    /// Stages everything at or below `dir` from a walk of its own, or for the top, from
-    /// `listings` when given.
+    /// tracked ones refreshed (ignored or not), the rest removed. The entries come from a walk
+    /// of its own, or for the top, from `listings` when given.
     fn stage_subtree(
         &mut self,
         dir: &Path,
